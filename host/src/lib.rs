@@ -1,0 +1,1 @@
+//! mlxhost: a WebAssembly-plugin-extensible LLM inference host on MLX.

