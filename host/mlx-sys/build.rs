@@ -26,7 +26,12 @@ const MLX_VERSION: &str = "0.32.2";
 const UPSTREAM_MLX_SYS: &str = "0.7.0";
 
 fn main() {
-    for var in ["MLX_DIR", "MLXHOST_CACHE", "XDG_CACHE_HOME", "MLXHOST_PYTHON"] {
+    for var in [
+        "MLX_DIR",
+        "MLXHOST_CACHE",
+        "XDG_CACHE_HOME",
+        "MLXHOST_PYTHON",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo:rerun-if-changed=native");
@@ -49,13 +54,16 @@ fn main() {
     }
 
     let mlx_c_root = locate_mlx_c();
-    let native = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets it")).join("native");
+    let native =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets it")).join("native");
 
     // mlx-c, built once per (mlx-c, MLX, profile) into the shared cache so a
     // clean `cargo build` does not pay ~90 s of CMake again.
     // Always Release: a debug mlx-c only slows the C shim and shares nothing with MLX.
     let profile = "Release";
-    let build_dir = cache.join(format!("mlx-c-{UPSTREAM_MLX_SYS}-mlx-{MLX_VERSION}-{target_os}"));
+    let build_dir = cache.join(format!(
+        "mlx-c-{UPSTREAM_MLX_SYS}-mlx-{MLX_VERSION}-{target_os}"
+    ));
     fs::create_dir_all(&build_dir).expect("create the mlx-c build cache");
     let mut config = cmake::Config::new(&mlx_c_root);
     config
@@ -68,7 +76,10 @@ fn main() {
         .define("CMAKE_INSTALL_PREFIX", &build_dir);
     if target_os == "linux" {
         // GCC 12 has no <format>; mlx-c's private/io.h uses std::format.
-        config.cxxflag(format!("-include {}", native.join("format_compat.h").display()));
+        config.cxxflag(format!(
+            "-include {}",
+            native.join("format_compat.h").display()
+        ));
     }
     let dst = config.build();
     println!("cargo:rustc-link-search=native={}/lib", dst.display());
@@ -83,7 +94,7 @@ fn main() {
             .file(native.join("half_accessors.cpp"))
             .include(&mlx_c_root)
             .include(mlx_dir.join("include"))
-            .flag_if_supported("-Wno-unused-variable")
+            .warnings(false)
             .compile("mlxsys_half");
     }
 
@@ -104,7 +115,10 @@ fn main() {
     // and add the rpath to their binaries (rustc-link-arg does not propagate).
     println!("cargo::metadata=lib_dir={}", mlx_lib.display());
     println!("cargo::metadata=version={MLX_VERSION}");
-    println!("cargo::metadata=include={}", mlx_dir.join("include").display());
+    println!(
+        "cargo::metadata=include={}",
+        mlx_dir.join("include").display()
+    );
 
     generate_bindings(&mlx_c_root, &native, &target_os);
 }
@@ -124,7 +138,11 @@ fn cache_dir() -> PathBuf {
 /// Installs the official MLX wheel into the cache (once) and returns the `mlx`
 /// package folder (holding `lib/`, `include/`, `share/cmake/MLX`).
 fn install_wheel(cache: &Path, target_os: &str) -> PathBuf {
-    let wheel = if target_os == "macos" { "mlx-metal" } else { "mlx-cpu" };
+    let wheel = if target_os == "macos" {
+        "mlx-metal"
+    } else {
+        "mlx-cpu"
+    };
     let target = cache.join(format!("wheels/{wheel}-{MLX_VERSION}"));
     let mlx = target.join("mlx");
     if mlx.join("share/cmake/MLX/MLXConfig.cmake").is_file() {
@@ -188,7 +206,8 @@ fn locate_mlx_c() -> PathBuf {
     let manifest = meta["packages"]
         .as_array()
         .and_then(|pkgs| {
-            pkgs.iter().find(|p| p["name"] == "mlx-sys" && p["version"] == UPSTREAM_MLX_SYS)
+            pkgs.iter()
+                .find(|p| p["name"] == "mlx-sys" && p["version"] == UPSTREAM_MLX_SYS)
         })
         .and_then(|p| p["manifest_path"].as_str())
         .expect("upstream mlx-sys in cargo metadata");
@@ -196,7 +215,11 @@ fn locate_mlx_c() -> PathBuf {
         .parent()
         .expect("manifest has a parent")
         .join("src/mlx-c");
-    assert!(root.join("CMakeLists.txt").is_file(), "no mlx-c at {}", root.display());
+    assert!(
+        root.join("CMakeLists.txt").is_file(),
+        "no mlx-c at {}",
+        root.display()
+    );
     root
 }
 
@@ -204,9 +227,14 @@ fn locate_mlx_c() -> PathBuf {
 /// `cblas_sgemm` resolves to it. Link args do not propagate from a library's
 /// build script, so the binary's build script adds them (`DEP_MLX_OPENBLAS`).
 fn link_openblas() {
-    let found = ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"]
-        .iter()
-        .any(|dir| Path::new(dir).join("libopenblas.so").exists());
+    let found = [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+    ]
+    .iter()
+    .any(|dir| Path::new(dir).join("libopenblas.so").exists());
     if found {
         println!("cargo::metadata=openblas=1");
     } else {
@@ -229,7 +257,8 @@ fn generate_bindings(mlx_c_root: &Path, native: &Path, target_os: &str) {
         .rust_target("1.73.0".parse().expect("rust-version"))
         .clang_arg(format!("-I{}", mlx_c_root.display()))
         .blocklist_function("malloc")
-        .blocklist_function("realloc");
+        .blocklist_function("realloc")
+        .layout_tests(false);
     if target_os != "macos" {
         // mlx-rs expects `float16_t` as a u16 newtype (defined in lib.rs, as
         // bindgen renders aarch64's `__fp16`) and `bfloat16_t` as a plain u16.
@@ -243,5 +272,7 @@ fn generate_bindings(mlx_c_root: &Path, native: &Path, target_os: &str) {
     }
     let bindings = builder.generate().expect("bindgen over mlx-c headers");
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    bindings.write_to_file(out.join("bindings.rs")).expect("write bindings.rs");
+    bindings
+        .write_to_file(out.join("bindings.rs"))
+        .expect("write bindings.rs");
 }

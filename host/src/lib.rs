@@ -1,1 +1,12 @@
 //! mlxhost: a WebAssembly-plugin-extensible LLM inference host on MLX.
+//!
+//! Modules, one concern each: [`model`] (config, weights, tokenizer, chat
+//! template, architectures), [`cache`] (KV cache kinds), [`score`]
+//! (teacher-forced log-likelihoods), [`runtime`] (backend facts),
+//! [`paths`] (cache locations).
+
+pub mod cache;
+pub mod model;
+pub mod paths;
+pub mod runtime;
+pub mod score;

@@ -2,7 +2,12 @@
 //!
 //! This crate replaces crates.io's `mlx-sys` 0.7.0 through `[patch.crates-io]`
 //! so `mlx-rs` 0.33 builds on Linux; the API is the same bindgen output.
-#![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, clippy::all)]
+#![allow(
+    non_upper_case_globals,
+    non_camel_case_types,
+    non_snake_case,
+    clippy::all
+)]
 #![allow(rustdoc::all, missing_docs, unsafe_op_in_unsafe_fn)]
 
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));

@@ -1,0 +1,107 @@
+//! Command-line interface: one file per command.
+
+mod bench;
+mod convert;
+mod score;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use mlxhost::model::{self, DtypeArg};
+
+/// WebAssembly-plugin-extensible LLM inference host on MLX.
+#[derive(Debug, Parser)]
+#[command(name = "mlxhost", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Teacher-forced log-likelihoods of given continuations (JSON lines in, JSON lines out).
+    Score(score::ScoreArgs),
+    /// Convert a GGUF checkpoint to the MLX model directory layout (loads in mlx-lm).
+    Convert(convert::ConvertArgs),
+    /// Measure prefill tok/s and decode forward time on this machine.
+    Bench(bench::BenchArgs),
+}
+
+/// Options shared by commands that load a model.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ModelArgs {
+    /// A `.gguf` file or an MLX model directory. Default: SmolLM2-135M-Instruct
+    /// as installed by scripts/setup.sh.
+    #[arg(long, env = "MLXHOST_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Compute path: `auto` (float32 dequantized weights on CPU, the
+    /// checkpoint's path on GPU), `native` (quantized weights, float16
+    /// activations, mlx-lm's numerics), `float32`.
+    #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
+    pub dtype: DtypeArg,
+}
+
+impl ModelArgs {
+    /// The model path, defaulting to the installed SmolLM2.
+    pub fn path(&self) -> PathBuf {
+        self.model.clone().unwrap_or_else(model::default_model_path)
+    }
+
+    /// Loads the model, with a spinner on stderr.
+    pub fn load(&self, keep_tensors: bool) -> anyhow::Result<model::LoadedModel> {
+        let path = self.path();
+        let spinner = indicatif::ProgressBar::new_spinner();
+        spinner.set_message(format!("loading {}", path.display()));
+        spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+        let started = std::time::Instant::now();
+        let loaded = model::load(
+            &path,
+            &model::LoadOptions {
+                dtype: self.dtype,
+                keep_tensors,
+            },
+        );
+        spinner.finish_and_clear();
+        let loaded = loaded.map_err(|e| {
+            if self.model.is_none() && matches!(e, model::ModelError::MissingFile(_)) {
+                anyhow::anyhow!("{e}\n  (the default model is installed by scripts/setup.sh; or pass --model PATH)")
+            } else {
+                anyhow::anyhow!("{e}")
+            }
+        })?;
+        tracing::info!(
+            path = %path.display(),
+            compute = ?loaded.compute,
+            backend = mlxhost::runtime::backend_name(),
+            weights_mib = loaded.model.nbytes() / (1 << 20),
+            ms = started.elapsed().as_millis() as u64,
+            "model loaded"
+        );
+        Ok(loaded)
+    }
+}
+
+/// Parses arguments, runs the command, maps errors to exit code 1 with the
+/// message on stderr.
+pub fn run() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MLXHOST_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Score(a) => score::run(a),
+        Command::Convert(a) => convert::run(a),
+        Command::Bench(a) => bench::run(a),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Model hyper-parameters, in Hugging Face `config.json` spelling.
+//!
+//! Read from a model directory's `config.json` or derived from GGUF metadata
+//! (`llama.*` keys, see the GGUF spec in ggml's `docs/gguf.md`).
+
+use serde::{Deserialize, Serialize};
+
+/// Per-tensor affine quantization: `bits` per weight, one f16 scale and bias
+/// per `group_size` consecutive weights along the input dimension (MLX's
+/// `mx.quantize`, mode `affine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct QuantSpec {
+    /// Group size in weights (32, 64 or 128).
+    pub group_size: i32,
+    /// Bits per weight (2, 3, 4, 5, 6 or 8).
+    pub bits: i32,
+}
+
+/// Hyper-parameters of a Llama-family decoder (the fields mlx-lm's
+/// `models/llama.py` `ModelArgs` reads).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    /// Architecture family; only `llama` is implemented.
+    pub model_type: String,
+    /// Residual stream width.
+    pub hidden_size: usize,
+    /// Number of decoder layers.
+    pub num_hidden_layers: usize,
+    /// Width of the SwiGLU MLP.
+    pub intermediate_size: usize,
+    /// Query heads.
+    pub num_attention_heads: usize,
+    /// Key/value heads (GQA when fewer than query heads).
+    pub num_key_value_heads: usize,
+    /// Per-head width; `hidden_size / num_attention_heads` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<usize>,
+    /// RMSNorm epsilon.
+    #[serde(serialize_with = "shortest_f32")]
+    pub rms_norm_eps: f32,
+    /// Vocabulary size (rows of the embedding).
+    pub vocab_size: usize,
+    /// RoPE base frequency.
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f32,
+    /// Whether the output head reuses the embedding matrix.
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    /// Context length the model was trained for, in tokens.
+    #[serde(default = "default_context")]
+    pub max_position_embeddings: usize,
+    /// EOS id(s) declared in config.json (an int or a list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eos_token_id: Option<serde_json::Value>,
+    /// BOS id declared in config.json.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bos_token_id: Option<u32>,
+    /// Dtype the checkpoint's unquantized tensors are stored in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch_dtype: Option<String>,
+    /// MLX quantization: defaults plus per-module overrides keyed by module
+    /// path (e.g. `"model.embed_tokens": {"group_size": 32, "bits": 8}`), as
+    /// mlx-lm writes and reads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<serde_json::Value>,
+}
+
+/// Writes an f32 as the shortest decimal that round-trips (`1e-5`, not
+/// `9.999999747378752e-6`), as Python would.
+fn shortest_f32<S: serde::Serializer>(v: &f32, s: S) -> Result<S::Ok, S::Error> {
+    let text = format!("{v}");
+    s.serialize_f64(text.parse::<f64>().unwrap_or(*v as f64))
+}
+
+fn default_rope_theta() -> f32 {
+    10_000.0
+}
+
+fn default_context() -> usize {
+    2048
+}
+
+impl ModelConfig {
+    /// Per-head width in elements.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    /// EOS ids declared by `eos_token_id` (int or list); empty when absent.
+    pub fn declared_eos_ids(&self) -> Vec<u32> {
+        eos_ids_from_json(self.eos_token_id.as_ref())
+    }
+
+    /// Checks the shape parameters are consistent; the message names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.model_type != "llama" {
+            return Err(format!(
+                "unsupported model_type `{}` (supported: llama)",
+                self.model_type
+            ));
+        }
+        for (name, v) in [
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("intermediate_size", self.intermediate_size),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("vocab_size", self.vocab_size),
+        ] {
+            if v == 0 {
+                return Err(format!("`{name}` must be positive"));
+            }
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return Err("`num_attention_heads` must be a multiple of `num_key_value_heads`".into());
+        }
+        Ok(())
+    }
+}
+
+/// Reads an `eos_token_id` field that may be an int, a list of ints or null.
+pub fn eos_ids_from_json(v: Option<&serde_json::Value>) -> Vec<u32> {
+    match v {
+        Some(serde_json::Value::Number(n)) => {
+            n.as_u64().map(|x| vec![x as u32]).unwrap_or_default()
+        }
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64().map(|x| x as u32))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_eos_as_int_or_list() {
+        assert_eq!(eos_ids_from_json(Some(&serde_json::json!(2))), vec![2]);
+        assert_eq!(
+            eos_ids_from_json(Some(&serde_json::json!([2, 0]))),
+            vec![2, 0]
+        );
+        assert!(eos_ids_from_json(None).is_empty());
+    }
+
+    #[test]
+    fn rejects_other_architectures_by_name() {
+        let mut c: ModelConfig = serde_json::from_value(serde_json::json!({
+            "model_type": "llama", "hidden_size": 8, "num_hidden_layers": 1,
+            "intermediate_size": 16, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "rms_norm_eps": 1e-5, "vocab_size": 10
+        }))
+        .expect("valid config");
+        assert!(c.validate().is_ok());
+        assert_eq!(c.head_dim(), 4);
+        c.model_type = "mamba".into();
+        assert!(c.validate().unwrap_err().contains("mamba"));
+    }
+}

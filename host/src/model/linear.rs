@@ -1,0 +1,168 @@
+//! Linear layers and embeddings over dense or MLX-affine-quantized weights.
+
+use mlx_rs::{ops, Array, Dtype};
+
+use super::config::QuantSpec;
+use super::error::Result;
+
+/// A bias-free linear layer `y = x W^T`, `W: [out, in]`.
+#[derive(Debug, Clone)]
+pub enum Linear {
+    /// Dense weight `[out, in]` in the compute dtype.
+    Dense {
+        /// `[out, in]`.
+        weight: Array,
+    },
+    /// MLX affine-quantized weight (`mx.quantize`): `weight [out, in*bits/32]`
+    /// u32-packed, `scales`/`biases [out, in/group_size]`.
+    Quantized {
+        /// Packed weights.
+        weight: Array,
+        /// Per-group scales.
+        scales: Array,
+        /// Per-group biases.
+        biases: Array,
+        /// Bits and group size.
+        spec: QuantSpec,
+    },
+}
+
+impl Linear {
+    /// `x: [..., in]` -> `[..., out]`.
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        Ok(match self {
+            Linear::Dense { weight } => ops::matmul(x, weight.t())?,
+            Linear::Quantized {
+                weight,
+                scales,
+                biases,
+                spec,
+            } => {
+                // The product runs in the scales' dtype and comes back in x's:
+                // on the CPU backend scales are kept in float32 because MLX's
+                // CPU quantized matmul is ~50x slower with float16 inputs
+                // (measured: 34 ms vs 0.7 ms for 1536x576, 4-bit).
+                let compute = scales.dtype();
+                let xc = if x.dtype() == compute {
+                    x.clone()
+                } else {
+                    x.as_dtype(compute)?
+                };
+                let y = ops::quantized_matmul(
+                    &xc,
+                    weight,
+                    scales,
+                    biases,
+                    true,
+                    spec.group_size,
+                    spec.bits,
+                )?;
+                if y.dtype() == x.dtype() {
+                    y
+                } else {
+                    y.as_dtype(x.dtype())?
+                }
+            }
+        })
+    }
+
+    /// Dequantizes to a dense `[out, in]` weight in `dtype` (no-op cast for
+    /// dense weights).
+    pub fn to_dense(&self, dtype: Dtype) -> Result<Linear> {
+        Ok(Linear::Dense {
+            weight: self.dense_weight()?.as_dtype(dtype)?,
+        })
+    }
+
+    /// The weight as a dense `[out, in]` array (dequantized when needed).
+    pub fn dense_weight(&self) -> Result<Array> {
+        Ok(match self {
+            Linear::Dense { weight } => weight.clone(),
+            Linear::Quantized {
+                weight,
+                scales,
+                biases,
+                spec,
+            } => ops::dequantize(weight, scales, biases, spec.group_size, spec.bits)?,
+        })
+    }
+
+    /// Casts dense weights to `dtype`; quantized weights keep their packed
+    /// storage and get scales/biases in `qdtype`, the dtype their product is
+    /// computed in (outputs are cast back to the input's dtype).
+    pub fn cast(&self, dtype: Dtype, qdtype: Dtype) -> Result<Linear> {
+        Ok(match self {
+            Linear::Dense { weight } => Linear::Dense {
+                weight: weight.as_dtype(dtype)?,
+            },
+            Linear::Quantized {
+                weight,
+                scales,
+                biases,
+                spec,
+            } => Linear::Quantized {
+                weight: weight.clone(),
+                scales: scales.as_dtype(qdtype)?,
+                biases: biases.as_dtype(qdtype)?,
+                spec: *spec,
+            },
+        })
+    }
+
+    /// Parameter tensors in MLX checkpoint naming (`weight`, `scales`, `biases`).
+    pub fn tensors(&self) -> Vec<(&'static str, &Array)> {
+        match self {
+            Linear::Dense { weight } => vec![("weight", weight)],
+            Linear::Quantized {
+                weight,
+                scales,
+                biases,
+                ..
+            } => vec![("weight", weight), ("scales", scales), ("biases", biases)],
+        }
+    }
+
+    /// The quantization, if any.
+    pub fn quant_spec(&self) -> Option<QuantSpec> {
+        match self {
+            Linear::Dense { .. } => None,
+            Linear::Quantized { spec, .. } => Some(*spec),
+        }
+    }
+
+    /// Bytes of parameter storage.
+    pub fn nbytes(&self) -> usize {
+        self.tensors().iter().map(|(_, a)| a.nbytes()).sum()
+    }
+}
+
+/// Token embedding `[V, H]`, also usable as the tied output head.
+#[derive(Debug, Clone)]
+pub struct Embedding(pub Linear);
+
+impl Embedding {
+    /// `ids: [N]` (uint32) -> `[N, H]` rows in `dtype`, dequantized in
+    /// `dtype` when quantized (as mlx-lm's `QuantizedEmbedding` does).
+    pub fn lookup(&self, ids: &Array, dtype: Dtype) -> Result<Array> {
+        Ok(match &self.0 {
+            Linear::Dense { weight } => weight.take_axis(ids, 0)?.as_dtype(dtype)?,
+            Linear::Quantized {
+                weight,
+                scales,
+                biases,
+                spec,
+            } => ops::dequantize(
+                weight.take_axis(ids, 0)?,
+                scales.take_axis(ids, 0)?.as_dtype(dtype)?,
+                &biases.take_axis(ids, 0)?.as_dtype(dtype)?,
+                spec.group_size,
+                spec.bits,
+            )?,
+        })
+    }
+
+    /// Tied output head: `x: [..., H]` -> logits `[..., V]`.
+    pub fn as_linear(&self, x: &Array) -> Result<Array> {
+        self.0.forward(x)
+    }
+}

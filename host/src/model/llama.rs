@@ -1,0 +1,247 @@
+//! Llama decoder (RoPE, GQA, RMSNorm, SwiGLU, optionally tied embeddings)
+//! over a ragged batch of rows.
+//!
+//! Follows mlx-lm's `mlx_lm/models/llama.py` (Hugging Face half-split RoPE
+//! layout; GGUF weights are un-permuted at load). A forward pass takes any
+//! number of rows, each with its own new tokens and its own [`KvCache`]: the
+//! rows' tokens are packed into one `[N, H]` activation so every linear layer
+//! runs once for the batch, and attention runs per row against that row's
+//! cache. Rows may differ in length and cache offset, which is what
+//! continuous batching needs (prefill of one row beside decode of others).
+
+use mlx_rs::{
+    fast::{self, ScaledDotProductAttentionMask},
+    ops::{self, indexing::IndexOp},
+    Array, Dtype,
+};
+
+use super::config::ModelConfig;
+use super::error::{ModelError, Result};
+use super::linear::{Embedding, Linear};
+use crate::cache::KvCache;
+
+/// One decoder layer's parameters.
+#[derive(Debug, Clone)]
+pub struct Layer {
+    /// RMSNorm weight before attention, `[H]`.
+    pub input_norm: Array,
+    /// RMSNorm weight before the MLP, `[H]`.
+    pub post_attention_norm: Array,
+    /// `q_proj`: `[n_heads * D, H]`.
+    pub q_proj: Linear,
+    /// `k_proj`: `[n_kv * D, H]`.
+    pub k_proj: Linear,
+    /// `v_proj`: `[n_kv * D, H]`.
+    pub v_proj: Linear,
+    /// `o_proj`: `[H, n_heads * D]`.
+    pub o_proj: Linear,
+    /// `gate_proj`: `[I, H]`.
+    pub gate_proj: Linear,
+    /// `up_proj`: `[I, H]`.
+    pub up_proj: Linear,
+    /// `down_proj`: `[H, I]`.
+    pub down_proj: Linear,
+}
+
+/// The whole model's parameters plus its compute dtype.
+#[derive(Debug, Clone)]
+pub struct Llama {
+    /// Hyper-parameters.
+    pub config: ModelConfig,
+    /// Token embedding `[V, H]`.
+    pub embed: Embedding,
+    /// Decoder layers.
+    pub layers: Vec<Layer>,
+    /// Final RMSNorm weight `[H]`.
+    pub norm: Array,
+    /// Untied output head `[V, H]`; `None` when tied to the embedding.
+    pub lm_head: Option<Linear>,
+    /// Activation dtype (float16 on the native 4-bit path, float32 on the
+    /// dequantized path).
+    pub dtype: Dtype,
+}
+
+/// One row of a ragged forward pass.
+pub struct RowInput<'a> {
+    /// New tokens for this row (prompt chunk or one decode token).
+    pub tokens: &'a [u32],
+    /// The row's cache; its offset is the position of `tokens[0]`.
+    pub cache: &'a mut KvCache,
+    /// Index into `tokens` from which logits are returned
+    /// (`tokens.len() - 1` for the last position only; `tokens.len()` for none).
+    pub logits_from: usize,
+}
+
+impl Llama {
+    /// Runs the rows' new tokens through the model, extending each row's
+    /// cache, and returns per row the logits `[n, V]` (float32, lazy) for
+    /// positions `logits_from..tokens.len()`.
+    ///
+    /// Errors: [`ModelError::TokenOutOfRange`] for an id `>= vocab_size`;
+    /// MLX errors from graph construction.
+    pub fn forward(&self, rows: &mut [RowInput<'_>]) -> Result<Vec<Array>> {
+        let vocab = self.config.vocab_size;
+        let mut ids: Vec<u32> = Vec::new();
+        let mut lens = Vec::with_capacity(rows.len());
+        for row in rows.iter() {
+            if let Some(&id) = row.tokens.iter().find(|&&id| id as usize >= vocab) {
+                return Err(ModelError::TokenOutOfRange { id, vocab });
+            }
+            ids.extend_from_slice(row.tokens);
+            lens.push(row.tokens.len());
+        }
+        if ids.is_empty() {
+            return Ok(rows
+                .iter()
+                .map(|_| Array::from_slice::<f32>(&[], &[0, vocab as i32]))
+                .collect());
+        }
+        let ids = Array::from_slice(&ids, &[ids.len() as i32]);
+        let mut h = self.embed.lookup(&ids, self.dtype)?;
+        let eps = self.config.rms_norm_eps;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let x = fast::rms_norm(&h, Some(&layer.input_norm), eps)?;
+            let attn = self.attention(l, layer, &x, rows, &lens)?;
+            h = ops::add(&h, &layer.o_proj.forward(&attn)?)?;
+            let x = fast::rms_norm(&h, Some(&layer.post_attention_norm), eps)?;
+            let gate = layer.gate_proj.forward(&x)?;
+            let up = layer.up_proj.forward(&x)?;
+            let act = ops::multiply(&ops::multiply(&gate, &ops::sigmoid(&gate)?)?, &up)?;
+            h = ops::add(&h, &layer.down_proj.forward(&act)?)?;
+        }
+        for (row, &t) in rows.iter_mut().zip(&lens) {
+            row.cache.advance(t);
+        }
+        // Only the requested positions go through the final norm and the
+        // (large) output head.
+        let mut out = Vec::with_capacity(rows.len());
+        let mut start = 0i32;
+        for (row, &t) in rows.iter().zip(&lens) {
+            let from = row.logits_from.min(t) as i32;
+            let hs = h.index((start + from)..(start + t as i32));
+            // Logits in float32: the output head's product is computed in
+            // float32 where the quantized path allows (CPU), and log-softmax
+            // over a float16 vocabulary loses ~0.01 nats.
+            let hs = fast::rms_norm(&hs, Some(&self.norm), eps)?.as_dtype(Dtype::Float32)?;
+            let logits = match &self.lm_head {
+                Some(head) => head.forward(&hs)?,
+                None => self.embed.as_linear(&hs)?,
+            };
+            out.push(logits.as_dtype(Dtype::Float32)?);
+            start += t as i32;
+        }
+        Ok(out)
+    }
+
+    /// Self-attention for all rows: `x: [N, H]` -> `[N, n_heads * D]`.
+    fn attention(
+        &self,
+        l: usize,
+        layer: &Layer,
+        x: &Array,
+        rows: &mut [RowInput<'_>],
+        lens: &[usize],
+    ) -> Result<Array> {
+        let q = layer.q_proj.forward(x)?;
+        let k = layer.k_proj.forward(x)?;
+        let v = layer.v_proj.forward(x)?;
+        if rows.len() == 1 {
+            return self.attend_row(l, &q, &k, &v, rows[0].cache);
+        }
+        let mut outs = Vec::with_capacity(rows.len());
+        let mut start = 0i32;
+        for (row, &t) in rows.iter_mut().zip(lens) {
+            let end = start + t as i32;
+            if t > 0 {
+                outs.push(self.attend_row(
+                    l,
+                    &q.index(start..end),
+                    &k.index(start..end),
+                    &v.index(start..end),
+                    row.cache,
+                )?);
+            }
+            start = end;
+        }
+        Ok(ops::concatenate(&outs, 0)?)
+    }
+
+    /// One row: `q: [T, n_heads*D]`, `k`/`v: [T, n_kv*D]` -> `[T, n_heads*D]`.
+    fn attend_row(
+        &self,
+        l: usize,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        cache: &mut KvCache,
+    ) -> Result<Array> {
+        let c = &self.config;
+        let d = c.head_dim() as i32;
+        let t = q.shape()[0];
+        let heads = |a: &Array, n: usize| -> Result<Array> {
+            Ok(a.reshape(&[1, t, n as i32, d])?
+                .transpose_axes(&[0, 2, 1, 3])?)
+        };
+        let offset = cache.offset() as i32;
+        let q = fast::rope(
+            heads(q, c.num_attention_heads)?,
+            d,
+            false,
+            c.rope_theta,
+            1.0,
+            offset,
+            None,
+        )?;
+        let k = fast::rope(
+            heads(k, c.num_key_value_heads)?,
+            d,
+            false,
+            c.rope_theta,
+            1.0,
+            offset,
+            None,
+        )?;
+        let v = heads(v, c.num_key_value_heads)?;
+        let (keys, values) = cache.update(l, &k, &v)?;
+        let scale = 1.0 / (d as f32).sqrt();
+        let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
+        let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None)?;
+        Ok(o.transpose_axes(&[0, 2, 1, 3])?
+            .reshape(&[t, c.num_attention_heads as i32 * d])?)
+    }
+
+    /// A fresh cache for one row.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.layers.len())
+    }
+
+    /// Every parameter array (for evaluation after load and byte counts).
+    pub fn parameters(&self) -> Vec<&Array> {
+        let mut out: Vec<&Array> = self.embed.0.tensors().into_iter().map(|(_, a)| a).collect();
+        for layer in &self.layers {
+            out.push(&layer.input_norm);
+            out.push(&layer.post_attention_norm);
+            for lin in [
+                &layer.q_proj,
+                &layer.k_proj,
+                &layer.v_proj,
+                &layer.o_proj,
+                &layer.gate_proj,
+                &layer.up_proj,
+                &layer.down_proj,
+            ] {
+                out.extend(lin.tensors().into_iter().map(|(_, a)| a));
+            }
+        }
+        out.push(&self.norm);
+        if let Some(head) = &self.lm_head {
+            out.extend(head.tensors().into_iter().map(|(_, a)| a));
+        }
+        out
+    }
+
+    /// Bytes of parameter storage.
+    pub fn nbytes(&self) -> usize {
+        self.parameters().iter().map(|a| a.nbytes()).sum()
+    }
+}

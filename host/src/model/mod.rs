@@ -1,0 +1,270 @@
+//! Models: configuration, weights, tokenizer, chat template, architectures,
+//! and loading them from a GGUF file or an MLX model directory.
+
+pub mod chat_template;
+pub mod config;
+pub mod convert;
+pub mod error;
+pub mod gguf;
+pub mod linear;
+pub mod llama;
+pub mod tokenizer;
+pub mod weights;
+
+use std::path::{Path, PathBuf};
+
+use mlx_rs::Array;
+
+pub use chat_template::{ChatMessage, ChatTemplate};
+pub use config::ModelConfig;
+pub use error::{ModelError, Result};
+pub use llama::{Llama, RowInput};
+pub use tokenizer::TextTokenizer;
+pub use weights::ComputeDtype;
+
+/// The `--dtype` option: how to compute with the checkpoint's weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum DtypeArg {
+    /// float32 dequantized weights on the CPU backend when they fit the memory
+    /// budget (the fast path with BLAS); the checkpoint's path on GPU/Metal.
+    #[default]
+    Auto,
+    /// The checkpoint's path: quantized weights, float16 activations
+    /// (mlx-lm's numerics).
+    Native,
+    /// float32 dequantized weights everywhere.
+    Float32,
+}
+
+/// Where a model was loaded from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelFormat {
+    /// A single `.gguf` file.
+    Gguf,
+    /// An MLX model directory (config.json + safetensors + tokenizer files).
+    MlxDir,
+}
+
+/// A model ready to run: weights, tokenizer, template and stop ids.
+pub struct LoadedModel {
+    /// The architecture with its weights.
+    pub model: Llama,
+    /// Text <-> ids.
+    pub tokenizer: TextTokenizer,
+    /// Chat template, if the checkpoint has one.
+    pub template: Option<ChatTemplate>,
+    /// Every id that ends generation.
+    pub eos_ids: Vec<u32>,
+    /// The path given.
+    pub path: PathBuf,
+    /// GGUF or MLX directory.
+    pub format: ModelFormat,
+    /// The compute path chosen.
+    pub compute: ComputeDtype,
+    /// The checkpoint's tensors as loaded (before the compute cast), kept
+    /// only when `keep_tensors` was asked (for `convert`).
+    pub source_tensors: Option<weights::TensorMap>,
+    /// BOS token string (for templates and tokenizer_config.json).
+    pub bos_token: Option<String>,
+}
+
+impl std::fmt::Debug for LoadedModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedModel")
+            .field("path", &self.path)
+            .field("format", &self.format)
+            .field("compute", &self.compute)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Options for [`load`].
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// `--dtype`.
+    pub dtype: DtypeArg,
+    /// Keep the checkpoint tensors in [`LoadedModel::source_tensors`].
+    pub keep_tensors: bool,
+}
+
+/// The default model: SmolLM2-135M-Instruct as installed by
+/// `scripts/setup.sh` under the cache directory.
+pub fn default_model_path() -> PathBuf {
+    crate::paths::cache_dir().join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// Loads a model from a `.gguf` file or an MLX model directory and evaluates
+/// its weights.
+///
+/// Errors: [`ModelError::MissingFile`] when the path or a required file is
+/// absent; [`ModelError::InvalidFile`] for truncated or malformed files;
+/// [`ModelError::UnsupportedArchitecture`] for other architectures.
+pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+    if !path.exists() {
+        return Err(ModelError::MissingFile(path.into()));
+    }
+    let (config, tensors, tokenizer, template_src, eos_ids, bos_token, format) = if path.is_dir() {
+        load_dir_parts(path)?
+    } else {
+        let g = gguf::Gguf::open(path)?;
+        let config = g.config()?;
+        let tokenizer = g.tokenizer()?;
+        let tensors = g.tensors(&config)?;
+        let eos = g.eos_ids()?;
+        let bos = config.bos_token_id.and_then(|id| tokenizer.id_to_token(id));
+        (
+            config,
+            tensors,
+            tokenizer,
+            g.chat_template(),
+            eos,
+            bos,
+            ModelFormat::Gguf,
+        )
+    };
+    let compute = resolve_compute(opts.dtype, &tensors, &config);
+    let model = weights::build_llama(&config, &tensors, compute)?;
+    let params: Vec<&Array> = model.parameters();
+    mlx_rs::transforms::eval(params)?;
+    let eos_token = eos_ids
+        .first()
+        .and_then(|&id| tokenizer.id_to_token(id))
+        .unwrap_or_default();
+    let template = match template_src {
+        Some(src) => Some(ChatTemplate::new(
+            &src,
+            bos_token.as_deref().unwrap_or(""),
+            &eos_token,
+        )?),
+        None => None,
+    };
+    Ok(LoadedModel {
+        model,
+        tokenizer,
+        template,
+        eos_ids,
+        path: path.into(),
+        format,
+        compute,
+        source_tensors: opts.keep_tensors.then_some(tensors),
+        bos_token,
+    })
+}
+
+type DirParts = (
+    ModelConfig,
+    weights::TensorMap,
+    TextTokenizer,
+    Option<String>,
+    Vec<u32>,
+    Option<String>,
+    ModelFormat,
+);
+
+fn read_json(path: &Path) -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => ModelError::MissingFile(path.into()),
+        _ => ModelError::Io {
+            path: path.into(),
+            source: e,
+        },
+    })?;
+    serde_json::from_str(&text).map_err(|e| ModelError::invalid(path, e))
+}
+
+/// Reads an MLX model directory: config.json, *.safetensors, tokenizer.json,
+/// tokenizer_config.json (chat template, special tokens) and, when present,
+/// generation_config.json (more EOS ids).
+fn load_dir_parts(dir: &Path) -> Result<DirParts> {
+    let config_path = dir.join("config.json");
+    let config_json = read_json(&config_path)?;
+    let arch = config_json["model_type"].as_str().unwrap_or("").to_string();
+    if arch != "llama" {
+        return Err(ModelError::UnsupportedArchitecture {
+            path: config_path,
+            arch,
+        });
+    }
+    let config: ModelConfig =
+        serde_json::from_value(config_json).map_err(|e| ModelError::invalid(&config_path, e))?;
+    config
+        .validate()
+        .map_err(|e| ModelError::invalid(&config_path, e))?;
+    let tokenizer = TextTokenizer::from_file(&dir.join("tokenizer.json"))?;
+    let tc_path = dir.join("tokenizer_config.json");
+    let tc = if tc_path.is_file() {
+        read_json(&tc_path)?
+    } else {
+        serde_json::Value::Null
+    };
+    let token_str = |v: &serde_json::Value| -> Option<String> {
+        v.as_str()
+            .map(String::from)
+            .or_else(|| v["content"].as_str().map(String::from))
+    };
+    let template = tc["chat_template"]
+        .as_str()
+        .map(String::from)
+        .or_else(|| std::fs::read_to_string(dir.join("chat_template.jinja")).ok());
+    let mut eos = config.declared_eos_ids();
+    let gen_path = dir.join("generation_config.json");
+    if gen_path.is_file() {
+        for id in config::eos_ids_from_json(Some(&read_json(&gen_path)?["eos_token_id"])) {
+            if !eos.contains(&id) {
+                eos.push(id);
+            }
+        }
+    }
+    if let Some(id) = token_str(&tc["eos_token"]).and_then(|t| tokenizer.token_to_id(&t)) {
+        if !eos.contains(&id) {
+            eos.push(id);
+        }
+    }
+    let bos = token_str(&tc["bos_token"])
+        .or_else(|| config.bos_token_id.and_then(|id| tokenizer.id_to_token(id)));
+    let tensors = weights::load_safetensors_dir(dir)?;
+    Ok((
+        config,
+        tensors,
+        tokenizer,
+        template,
+        eos,
+        bos,
+        ModelFormat::MlxDir,
+    ))
+}
+
+/// `--dtype auto`: float32 on the CPU backend when the dequantized weights
+/// fit in half of the available memory; otherwise the checkpoint's path.
+fn resolve_compute(
+    arg: DtypeArg,
+    tensors: &weights::TensorMap,
+    config: &ModelConfig,
+) -> ComputeDtype {
+    match arg {
+        DtypeArg::Native => ComputeDtype::Native,
+        DtypeArg::Float32 => ComputeDtype::Float32,
+        DtypeArg::Auto => {
+            if crate::runtime::gpu_available() {
+                return ComputeDtype::Native;
+            }
+            let _ = tensors;
+            let params = approx_params(config);
+            let f32_bytes = params * 4;
+            match crate::runtime::available_memory_bytes() {
+                Some(avail) if f32_bytes > avail / 2 => ComputeDtype::Native,
+                _ => ComputeDtype::Float32,
+            }
+        }
+    }
+}
+
+/// Parameter count of a Llama config (embedding counted once when tied).
+fn approx_params(c: &ModelConfig) -> u64 {
+    let h = c.hidden_size as u64;
+    let hd = c.head_dim() as u64;
+    let attn = h * hd * (2 * c.num_attention_heads as u64 + 2 * c.num_key_value_heads as u64);
+    let mlp = 3 * h * c.intermediate_size as u64;
+    let embed = h * c.vocab_size as u64 * if c.tie_word_embeddings { 1 } else { 2 };
+    c.num_hidden_layers as u64 * (attn + mlp + 2 * h) + embed + h
+}

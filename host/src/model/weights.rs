@@ -1,0 +1,290 @@
+//! Tensor maps in Hugging Face / MLX naming, from GGUF or safetensors, and
+//! assembly of a [`Llama`] from them.
+//!
+//! GGUF tensor names (ggml's `gguf-py/gguf/tensor_mapping.py`) are renamed to
+//! mlx-lm's (`model.layers.N.self_attn.q_proj`, ...). llama.cpp's converter
+//! permutes the rows of `q_proj`/`k_proj` per head for interleaved RoPE
+//! (`[2, D/2] -> [D/2, 2]`); we undo that so one half-split RoPE serves both
+//! formats and `convert` writes what mlx-lm expects.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use mlx_rs::{Array, Dtype};
+
+use super::config::{ModelConfig, QuantSpec};
+use super::error::{ModelError, Result};
+use super::linear::{Embedding, Linear};
+use super::llama::{Layer, Llama};
+
+/// Tensors by MLX name (`model.layers.0.self_attn.q_proj.weight`, ...).
+pub type TensorMap = HashMap<String, Array>;
+
+/// How weights are computed with (see `docs/configuration.md`, `--dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComputeDtype {
+    /// The checkpoint's own path: quantized linears stay quantized,
+    /// activations in the checkpoint's float dtype (float16 for GGUF Q4/Q8),
+    /// which is mlx-lm's numerics.
+    Native,
+    /// Every weight dequantized to float32 at load; GEMV/GEMM go to BLAS.
+    Float32,
+}
+
+/// Renames one GGUF tensor name to MLX naming; `None` for tensors we ignore
+/// (e.g. `rope_freqs`).
+pub fn gguf_to_mlx_name(name: &str) -> Option<String> {
+    let (base, suffix) = name.rsplit_once('.')?;
+    let mapped = match base {
+        "token_embd" => "model.embed_tokens".to_string(),
+        "output_norm" => "model.norm".to_string(),
+        "output" => "lm_head".to_string(),
+        _ => {
+            let rest = base.strip_prefix("blk.")?;
+            let (layer, module) = rest.split_once('.')?;
+            let module = match module {
+                "attn_q" => "self_attn.q_proj",
+                "attn_k" => "self_attn.k_proj",
+                "attn_v" => "self_attn.v_proj",
+                "attn_output" => "self_attn.o_proj",
+                "ffn_gate" => "mlp.gate_proj",
+                "ffn_up" => "mlp.up_proj",
+                "ffn_down" => "mlp.down_proj",
+                "attn_norm" => "input_layernorm",
+                "ffn_norm" => "post_attention_layernorm",
+                _ => return None,
+            };
+            format!("model.layers.{layer}.{module}")
+        }
+    };
+    Some(format!("{mapped}.{suffix}"))
+}
+
+/// Undoes llama.cpp's per-head row permutation of q/k projections:
+/// rows `[n_heads, D/2, 2]` -> `[n_heads, 2, D/2]` (applies equally to packed
+/// weights, scales and biases, whose rows are output features).
+pub fn unpermute_rope_rows(a: &Array, n_heads: usize) -> Result<Array> {
+    let shape = a.shape();
+    let (rows, cols) = (shape[0], shape[1]);
+    let n = n_heads as i32;
+    let half = rows / n / 2;
+    Ok(a.reshape(&[n, half, 2, cols])?
+        .swap_axes(1, 2)?
+        .reshape(&[rows, cols])?)
+}
+
+/// Loads every `*.safetensors` file in `dir` into one map.
+pub fn load_safetensors_dir(dir: &Path) -> Result<TensorMap> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|source| ModelError::Io {
+            path: dir.into(),
+            source,
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(ModelError::MissingFile(dir.join("model.safetensors")));
+    }
+    let mut map = TensorMap::new();
+    for file in files {
+        // Validate the header ourselves first: MLX's reader reports truncation
+        // without naming the file.
+        check_safetensors(&file)?;
+        let tensors = Array::load_safetensors(&file).map_err(|e| ModelError::invalid(&file, e))?;
+        map.extend(tensors);
+    }
+    Ok(map)
+}
+
+/// Checks a safetensors file's header parses and its data section is complete.
+fn check_safetensors(path: &Path) -> Result<()> {
+    let file = std::fs::File::open(path).map_err(|source| ModelError::Io {
+        path: path.into(),
+        source,
+    })?;
+    // SAFETY: read-only map of a file we do not modify; a concurrent writer
+    // could only make the checks below fail.
+    let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| ModelError::Io {
+        path: path.into(),
+        source,
+    })?;
+    safetensors::SafeTensors::deserialize(&mmap).map_err(|e| ModelError::invalid(path, e))?;
+    Ok(())
+}
+
+/// Builds a [`Llama`] from MLX-named tensors.
+///
+/// Quantization of each linear is inferred from shapes as mlx-lm 0.32 does:
+/// `group_size = in / scales.cols`, `bits = weight.cols * 32 / in`.
+/// Errors name the missing or malformed tensor.
+pub fn build_llama(
+    config: &ModelConfig,
+    tensors: &TensorMap,
+    compute: ComputeDtype,
+) -> Result<Llama> {
+    let c = config;
+    let hd = c.head_dim();
+    let act = match compute {
+        ComputeDtype::Float32 => Dtype::Float32,
+        ComputeDtype::Native => native_activation_dtype(c, tensors),
+    };
+    // See `Linear::forward`: MLX's CPU quantized matmul wants float32 inputs.
+    let qdtype = if crate::runtime::gpu_available() {
+        act
+    } else {
+        Dtype::Float32
+    };
+    let linear = |prefix: &str, in_dim: usize, out_dim: usize| -> Result<Linear> {
+        let lin = load_linear(tensors, prefix, in_dim, out_dim)?;
+        match compute {
+            ComputeDtype::Float32 => lin.to_dense(Dtype::Float32),
+            ComputeDtype::Native => lin.cast(act, qdtype),
+        }
+    };
+    let vector = |name: &str| -> Result<Array> {
+        let a = get(tensors, name)?;
+        if a.shape() != [c.hidden_size as i32] {
+            return Err(ModelError::Tensor {
+                name: name.into(),
+                reason: format!("expected shape [{}], found {:?}", c.hidden_size, a.shape()),
+            });
+        }
+        Ok(a.as_dtype(act)?)
+    };
+    let (h, i) = (c.hidden_size, c.intermediate_size);
+    let (q_out, kv_out) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
+    let mut layers = Vec::with_capacity(c.num_hidden_layers);
+    for l in 0..c.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        layers.push(Layer {
+            input_norm: vector(&format!("{p}.input_layernorm.weight"))?,
+            post_attention_norm: vector(&format!("{p}.post_attention_layernorm.weight"))?,
+            q_proj: linear(&format!("{p}.self_attn.q_proj"), h, q_out)?,
+            k_proj: linear(&format!("{p}.self_attn.k_proj"), h, kv_out)?,
+            v_proj: linear(&format!("{p}.self_attn.v_proj"), h, kv_out)?,
+            o_proj: linear(&format!("{p}.self_attn.o_proj"), q_out, h)?,
+            gate_proj: linear(&format!("{p}.mlp.gate_proj"), h, i)?,
+            up_proj: linear(&format!("{p}.mlp.up_proj"), h, i)?,
+            down_proj: linear(&format!("{p}.mlp.down_proj"), i, h)?,
+        });
+    }
+    let embed = Embedding(linear("model.embed_tokens", h, c.vocab_size)?);
+    let lm_head = if c.tie_word_embeddings || !tensors.contains_key("lm_head.weight") {
+        None
+    } else {
+        Some(linear("lm_head", h, c.vocab_size)?)
+    };
+    Ok(Llama {
+        config: c.clone(),
+        embed,
+        layers,
+        norm: vector("model.norm.weight")?,
+        lm_head,
+        dtype: act,
+    })
+}
+
+/// Activation dtype of the native path: the float dtype the checkpoint's
+/// quantization scales (or, unquantized, its embedding) are stored in.
+fn native_activation_dtype(c: &ModelConfig, tensors: &TensorMap) -> Dtype {
+    let probe = tensors
+        .get("model.embed_tokens.scales")
+        .or_else(|| tensors.get("model.embed_tokens.weight"));
+    match probe.map(|a| a.dtype()) {
+        Some(d @ (Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32)) => d,
+        _ => match c.torch_dtype.as_deref() {
+            Some("bfloat16") => Dtype::Bfloat16,
+            Some("float32") => Dtype::Float32,
+            _ => Dtype::Float16,
+        },
+    }
+}
+
+fn get<'a>(tensors: &'a TensorMap, name: &str) -> Result<&'a Array> {
+    tensors.get(name).ok_or_else(|| ModelError::Tensor {
+        name: name.into(),
+        reason: "missing from the checkpoint".into(),
+    })
+}
+
+/// Reads `{prefix}.weight` (+ `.scales`, `.biases` when quantized) and checks
+/// it is `[out_dim, in_dim]` once unpacked.
+fn load_linear(tensors: &TensorMap, prefix: &str, in_dim: usize, out_dim: usize) -> Result<Linear> {
+    let wname = format!("{prefix}.weight");
+    let weight = get(tensors, &wname)?.clone();
+    let shape = weight.shape().to_vec();
+    let bad = |reason: String| ModelError::Tensor {
+        name: wname.clone(),
+        reason,
+    };
+    if shape.len() != 2 || shape[0] as usize != out_dim {
+        return Err(bad(format!(
+            "expected {out_dim} rows, found shape {shape:?}"
+        )));
+    }
+    let Some(scales) = tensors.get(&format!("{prefix}.scales")) else {
+        if shape[1] as usize != in_dim {
+            return Err(bad(format!(
+                "expected shape [{out_dim}, {in_dim}], found {shape:?}"
+            )));
+        }
+        return Ok(Linear::Dense { weight });
+    };
+    let biases = get(tensors, &format!("{prefix}.biases"))?.clone();
+    let groups = scales.shape().get(1).copied().unwrap_or(0) as usize;
+    let packed = shape[1] as usize;
+    if groups == 0 || in_dim % groups != 0 || (packed * 32) % in_dim != 0 {
+        return Err(bad(format!(
+            "cannot infer quantization: packed width {packed}, {groups} groups, input width {in_dim}"
+        )));
+    }
+    let spec = QuantSpec {
+        group_size: (in_dim / groups) as i32,
+        bits: (packed * 32 / in_dim) as i32,
+    };
+    Ok(Linear::Quantized {
+        weight,
+        scales: scales.clone(),
+        biases,
+        spec,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renames_gguf_tensors_to_mlx() {
+        assert_eq!(
+            gguf_to_mlx_name("blk.3.attn_q.scales").as_deref(),
+            Some("model.layers.3.self_attn.q_proj.scales")
+        );
+        assert_eq!(
+            gguf_to_mlx_name("token_embd.weight").as_deref(),
+            Some("model.embed_tokens.weight")
+        );
+        assert_eq!(
+            gguf_to_mlx_name("blk.0.ffn_norm.weight").as_deref(),
+            Some("model.layers.0.post_attention_layernorm.weight")
+        );
+        assert_eq!(gguf_to_mlx_name("rope_freqs.weight"), None);
+    }
+
+    #[test]
+    fn unpermute_inverts_llama_cpp_permutation() -> Result<()> {
+        // llama.cpp: rows [n, 2, D/2] -> [n, D/2, 2]. Build that from 0..rows.
+        let (n, d, cols) = (2, 4, 1);
+        let hf: Vec<f32> = (0..(n * d) as i32).map(|x| x as f32).collect();
+        let hf = Array::from_slice(&hf, &[(n * d) as i32, cols]);
+        let permuted = hf
+            .reshape(&[n as i32, 2, (d / 2) as i32, cols])?
+            .swap_axes(1, 2)?
+            .reshape(&[(n * d) as i32, cols])?;
+        let back = unpermute_rope_rows(&permuted, n)?;
+        assert_eq!(back.as_slice::<f32>(), hf.as_slice::<f32>());
+        Ok(())
+    }
+}

@@ -1,0 +1,39 @@
+//! Facts about the MLX runtime this process linked.
+
+/// Whether MLX has a GPU backend here (Metal or CUDA).
+pub fn gpu_available() -> bool {
+    let mut metal = false;
+    let mut cuda = false;
+    // SAFETY: both functions write one bool through a valid pointer.
+    unsafe {
+        mlx_sys::mlx_metal_is_available(&mut metal);
+        mlx_sys::mlx_cuda_is_available(&mut cuda);
+    }
+    metal || cuda
+}
+
+/// Name of the backend for logs: `metal`, `cuda` or `cpu`.
+pub fn backend_name() -> &'static str {
+    let mut metal = false;
+    let mut cuda = false;
+    // SAFETY: as above.
+    unsafe {
+        mlx_sys::mlx_metal_is_available(&mut metal);
+        mlx_sys::mlx_cuda_is_available(&mut cuda);
+    }
+    if metal {
+        "metal"
+    } else if cuda {
+        "cuda"
+    } else {
+        "cpu"
+    }
+}
+
+/// `MemAvailable` from `/proc/meminfo` in bytes (Linux); `None` elsewhere.
+pub fn available_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

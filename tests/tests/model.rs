@@ -1,0 +1,181 @@
+//! The real model through the real binary, against mlx-lm's reference
+//! outputs (fixtures/smollm2-greedy.json) and `semantics.md`'s thresholds.
+
+use mlxhost_e2e::*;
+
+const NATIVE_TOL: f32 = 0.05;
+const FLOAT32_TOL: f32 = 0.1;
+
+fn reference_rows() -> Vec<(Vec<u32>, Vec<u32>)> {
+    reference()
+        .into_iter()
+        .map(|c| (c.prompt_ids, c.greedy_ids))
+        .collect()
+}
+
+fn check_against_reference(dtype: &str, tol: f32, extra: &[&str]) {
+    let input = score_input(&reference_rows());
+    let model = model_path();
+    let mut args = vec![
+        "score",
+        "--model",
+        model.to_str().expect("utf-8 path"),
+        "--dtype",
+        dtype,
+    ];
+    args.extend(["--input", input.path().to_str().expect("utf-8 path")]);
+    args.extend(extra);
+    let out = parse_score(&mlxhost_ok(&args));
+    let cases = reference();
+    assert_eq!(out.len(), cases.len());
+    for (c, (case, ours)) in cases.iter().zip(&out).enumerate() {
+        assert_eq!(ours.steps.len(), case.teacher_forced_top5.len());
+        for (s, (r, o)) in case.teacher_forced_top5.iter().zip(&ours.steps).enumerate() {
+            assert_eq!(o.token, r.token);
+            assert_eq!(o.top.len(), 5);
+            if let Err(e) = check_top(&o.top, &r.top5, tol) {
+                panic!("{dtype}: case {c} step {s}: {e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn chat_template_and_tokenizer_give_the_reference_prompt_ids() {
+    let g = mlxhost::model::gguf::Gguf::open(&model_path()).expect("open gguf");
+    let tok = g.tokenizer().expect("tokenizer");
+    let template_src = g.chat_template().expect("template in gguf");
+    let eos = tok
+        .id_to_token(g.eos_ids().expect("eos")[0])
+        .expect("eos token");
+    let template = mlxhost::model::ChatTemplate::new(&template_src, "", &eos).expect("template");
+    for case in reference() {
+        let text = template.render(&case.messages, true).expect("render");
+        assert_eq!(
+            tok.encode(&text).expect("encode"),
+            case.prompt_ids,
+            "prompt: {text:?}"
+        );
+    }
+}
+
+#[test]
+fn native_path_matches_mlx_lm_within_0_05_nats() {
+    check_against_reference("native", NATIVE_TOL, &[]);
+}
+
+#[test]
+fn float32_path_matches_mlx_lm_within_0_1_nats() {
+    check_against_reference("float32", FLOAT32_TOL, &[]);
+}
+
+#[test]
+fn default_path_is_float32_on_cpu_and_matches() {
+    check_against_reference("auto", FLOAT32_TOL, &[]);
+}
+
+#[test]
+fn messages_input_scores_like_prompt_ids() {
+    use std::io::Write;
+    let cases = reference();
+    let mut f = tempfile::NamedTempFile::new().expect("temp");
+    for c in &cases {
+        let line = serde_json::json!({ "messages": c.messages, "continuation_ids": c.greedy_ids });
+        writeln!(f, "{line}").expect("write");
+    }
+    let by_messages = parse_score(&mlxhost_ok(&[
+        "score",
+        "--input",
+        f.path().to_str().expect("path"),
+    ]));
+    let ids = score_input(&reference_rows());
+    let by_ids = parse_score(&mlxhost_ok(&[
+        "score",
+        "--input",
+        ids.path().to_str().expect("path"),
+    ]));
+    assert_scores_close(&by_messages, &by_ids, 1e-4);
+}
+
+#[test]
+fn batch_of_rows_with_different_lengths_scores_like_each_alone() {
+    let rows = reference_rows();
+    assert_ne!(
+        rows[0].0.len() + rows[0].1.len(),
+        rows[1].0.len() + rows[1].1.len()
+    );
+    let input = score_input(&rows);
+    let path = input.path().to_str().expect("path");
+    for dtype in ["native", "float32"] {
+        let tol = if dtype == "native" {
+            NATIVE_TOL
+        } else {
+            FLOAT32_TOL
+        };
+        let alone = parse_score(&mlxhost_ok(&[
+            "score",
+            "--dtype",
+            dtype,
+            "--input",
+            path,
+            "--batch-size",
+            "1",
+        ]));
+        let batched = parse_score(&mlxhost_ok(&[
+            "score",
+            "--dtype",
+            dtype,
+            "--input",
+            path,
+            "--batch-size",
+            "3",
+        ]));
+        assert_scores_close(&batched, &alone, tol);
+    }
+}
+
+#[test]
+fn converted_directory_scores_like_the_gguf() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("smollm2-mlx");
+    let model = model_path();
+    let out_s = out.to_str().expect("path");
+    mlxhost_ok(&["convert", model.to_str().expect("path"), out_s]);
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        assert!(
+            out.join(f).is_file(),
+            "{f} missing from the converted directory"
+        );
+    }
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).expect("config"))
+            .expect("json");
+    assert_eq!(config["quantization"]["bits"], 4);
+    assert_eq!(config["quantization"]["model.embed_tokens"]["bits"], 8);
+    let input = score_input(&reference_rows());
+    let path = input.path().to_str().expect("path");
+    for (dtype, tol) in [("native", NATIVE_TOL), ("float32", FLOAT32_TOL)] {
+        let from_gguf = parse_score(&mlxhost_ok(&["score", "--dtype", dtype, "--input", path]));
+        let from_dir = parse_score(&mlxhost_ok(&[
+            "score", "--model", out_s, "--dtype", dtype, "--input", path,
+        ]));
+        assert_scores_close(&from_dir, &from_gguf, tol);
+    }
+    // The converted directory's template + tokenizer also give the reference ids.
+    let loaded = mlxhost::model::load(&out, &Default::default()).expect("load dir");
+    let template = loaded.template.as_ref().expect("template");
+    for case in reference() {
+        let text = template.render(&case.messages, true).expect("render");
+        assert_eq!(
+            loaded.tokenizer.encode(&text).expect("encode"),
+            case.prompt_ids
+        );
+    }
+    assert_eq!(loaded.eos_ids, vec![2]);
+}
