@@ -8,10 +8,13 @@ use super::error::Result;
 /// A bias-free linear layer `y = x W^T`, `W: [out, in]`.
 #[derive(Debug, Clone)]
 pub enum Linear {
-    /// Dense weight `[out, in]` in the compute dtype.
+    /// Dense weight, stored transposed as `[in, out]` (contiguous): with BLAS
+    /// on CPU, `x [1, in] @ W^T` on this layout runs ~1.3-1.6x faster than on
+    /// a transposed view of `[out, in]` (measured for 576x1536 and the
+    /// 576x49152 output head).
     Dense {
-        /// `[out, in]`.
-        weight: Array,
+        /// `[in, out]`.
+        weight_t: Array,
     },
     /// MLX affine-quantized weight (`mx.quantize`): `weight [out, in*bits/32]`
     /// u32-packed, `scales`/`biases [out, in/group_size]`.
@@ -31,7 +34,7 @@ impl Linear {
     /// `x: [..., in]` -> `[..., out]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(match self {
-            Linear::Dense { weight } => ops::matmul(x, weight.t())?,
+            Linear::Dense { weight_t } => ops::matmul(x, weight_t)?,
             Linear::Quantized {
                 weight,
                 scales,
@@ -70,14 +73,14 @@ impl Linear {
     /// dense weights).
     pub fn to_dense(&self, dtype: Dtype) -> Result<Linear> {
         Ok(Linear::Dense {
-            weight: self.dense_weight()?.as_dtype(dtype)?,
+            weight_t: self.dense_weight()?.as_dtype(dtype)?.t().contiguous()?,
         })
     }
 
     /// The weight as a dense `[out, in]` array (dequantized when needed).
     pub fn dense_weight(&self) -> Result<Array> {
         Ok(match self {
-            Linear::Dense { weight } => weight.clone(),
+            Linear::Dense { weight_t } => weight_t.t(),
             Linear::Quantized {
                 weight,
                 scales,
@@ -92,8 +95,8 @@ impl Linear {
     /// computed in (outputs are cast back to the input's dtype).
     pub fn cast(&self, dtype: Dtype, qdtype: Dtype) -> Result<Linear> {
         Ok(match self {
-            Linear::Dense { weight } => Linear::Dense {
-                weight: weight.as_dtype(dtype)?,
+            Linear::Dense { weight_t } => Linear::Dense {
+                weight_t: weight_t.as_dtype(dtype)?,
             },
             Linear::Quantized {
                 weight,
@@ -109,10 +112,10 @@ impl Linear {
         })
     }
 
-    /// Parameter tensors in MLX checkpoint naming (`weight`, `scales`, `biases`).
+    /// Parameter tensors (`weight_t`, or `weight`, `scales`, `biases`).
     pub fn tensors(&self) -> Vec<(&'static str, &Array)> {
         match self {
-            Linear::Dense { weight } => vec![("weight", weight)],
+            Linear::Dense { weight_t } => vec![("weight_t", weight_t)],
             Linear::Quantized {
                 weight,
                 scales,
@@ -122,12 +125,60 @@ impl Linear {
         }
     }
 
+    /// Output width.
+    pub fn out_features(&self) -> i32 {
+        match self {
+            Linear::Dense { weight_t } => weight_t.shape()[1],
+            Linear::Quantized { weight, .. } => weight.shape()[0],
+        }
+    }
+
     /// The quantization, if any.
     pub fn quant_spec(&self) -> Option<QuantSpec> {
         match self {
             Linear::Dense { .. } => None,
             Linear::Quantized { spec, .. } => Some(*spec),
         }
+    }
+
+    /// One layer computing all of `parts` (same input) side by side: outputs
+    /// are concatenated along the last axis, in order. Fewer, larger matrix
+    /// products (q/k/v, gate/up) cost less per step than separate ones.
+    /// `None` when the parts cannot be fused (mixed kinds or quantizations).
+    pub fn fuse(parts: &[Linear]) -> Result<Option<Linear>> {
+        if let Some(ws) = parts
+            .iter()
+            .map(|p| match p {
+                Linear::Dense { weight_t } => Some(weight_t),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+        {
+            return Ok(Some(Linear::Dense {
+                weight_t: ops::concatenate(&ws, 1)?,
+            }));
+        }
+        let mut specs = parts.iter().map(|p| p.quant_spec());
+        let first = specs.next().flatten();
+        if first.is_none() || !specs.all(|s| s == first) {
+            return Ok(None);
+        }
+        let pick = |i: usize| -> Vec<&Array> {
+            parts
+                .iter()
+                .filter_map(|p| p.tensors().get(i).map(|t| t.1))
+                .collect()
+        };
+        Ok(first
+            .map(|spec| -> Result<Linear> {
+                Ok(Linear::Quantized {
+                    weight: ops::concatenate(&pick(0), 0)?,
+                    scales: ops::concatenate(&pick(1), 0)?,
+                    biases: ops::concatenate(&pick(2), 0)?,
+                    spec,
+                })
+            })
+            .transpose()?)
     }
 
     /// Bytes of parameter storage.
@@ -145,7 +196,7 @@ impl Embedding {
     /// `dtype` when quantized (as mlx-lm's `QuantizedEmbedding` does).
     pub fn lookup(&self, ids: &Array, dtype: Dtype) -> Result<Array> {
         Ok(match &self.0 {
-            Linear::Dense { weight } => weight.take_axis(ids, 0)?.as_dtype(dtype)?,
+            Linear::Dense { weight_t } => weight_t.take_axis(ids, 1)?.t().as_dtype(dtype)?,
             Linear::Quantized {
                 weight,
                 scales,

@@ -20,6 +20,52 @@ use super::error::{ModelError, Result};
 use super::linear::{Embedding, Linear};
 use crate::cache::KvCache;
 
+/// Several projections of the same input, fused into one matrix product
+/// when their storage allows (see [`Linear::fuse`]).
+#[derive(Debug, Clone)]
+pub enum Projections {
+    /// One product; outputs split at these widths.
+    Fused(Linear, Vec<i32>),
+    /// Separate products (mixed quantization).
+    Separate(Vec<Linear>),
+}
+
+impl Projections {
+    /// Fuses `parts` when possible. Output widths are read from the parts.
+    pub fn new(parts: Vec<Linear>) -> Result<Self> {
+        let widths = parts.iter().map(Linear::out_features).collect::<Vec<_>>();
+        Ok(match Linear::fuse(&parts)? {
+            Some(fused) => Projections::Fused(fused, widths),
+            None => Projections::Separate(parts),
+        })
+    }
+
+    /// `x: [N, in]` -> one `[N, out_i]` per part.
+    pub fn forward(&self, x: &Array) -> Result<Vec<Array>> {
+        match self {
+            Projections::Separate(parts) => parts.iter().map(|p| p.forward(x)).collect(),
+            Projections::Fused(lin, widths) => {
+                let y = lin.forward(x)?;
+                let mut out = Vec::with_capacity(widths.len());
+                let mut start = 0;
+                for w in widths {
+                    out.push(y.index((.., start..start + w)));
+                    start += w;
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// The underlying layers.
+    pub fn linears(&self) -> Vec<&Linear> {
+        match self {
+            Projections::Fused(l, _) => vec![l],
+            Projections::Separate(p) => p.iter().collect(),
+        }
+    }
+}
+
 /// One decoder layer's parameters.
 #[derive(Debug, Clone)]
 pub struct Layer {
@@ -27,18 +73,12 @@ pub struct Layer {
     pub input_norm: Array,
     /// RMSNorm weight before the MLP, `[H]`.
     pub post_attention_norm: Array,
-    /// `q_proj`: `[n_heads * D, H]`.
-    pub q_proj: Linear,
-    /// `k_proj`: `[n_kv * D, H]`.
-    pub k_proj: Linear,
-    /// `v_proj`: `[n_kv * D, H]`.
-    pub v_proj: Linear,
+    /// `q_proj` `[n_heads*D, H]`, `k_proj`/`v_proj` `[n_kv*D, H]`.
+    pub qkv: Projections,
     /// `o_proj`: `[H, n_heads * D]`.
     pub o_proj: Linear,
-    /// `gate_proj`: `[I, H]`.
-    pub gate_proj: Linear,
-    /// `up_proj`: `[I, H]`.
-    pub up_proj: Linear,
+    /// `gate_proj`, `up_proj`: `[I, H]` each.
+    pub gate_up: Projections,
     /// `down_proj`: `[H, I]`.
     pub down_proj: Linear,
 }
@@ -104,9 +144,9 @@ impl Llama {
             let attn = self.attention(l, layer, &x, rows, &lens)?;
             h = ops::add(&h, &layer.o_proj.forward(&attn)?)?;
             let x = fast::rms_norm(&h, Some(&layer.post_attention_norm), eps)?;
-            let gate = layer.gate_proj.forward(&x)?;
-            let up = layer.up_proj.forward(&x)?;
-            let act = ops::multiply(&ops::multiply(&gate, &ops::sigmoid(&gate)?)?, &up)?;
+            let gu = layer.gate_up.forward(&x)?;
+            let (gate, up) = (&gu[0], &gu[1]);
+            let act = ops::multiply(ops::multiply(gate, ops::sigmoid(gate)?)?, up)?;
             h = ops::add(&h, &layer.down_proj.forward(&act)?)?;
         }
         for (row, &t) in rows.iter_mut().zip(&lens) {
@@ -142,11 +182,10 @@ impl Llama {
         rows: &mut [RowInput<'_>],
         lens: &[usize],
     ) -> Result<Array> {
-        let q = layer.q_proj.forward(x)?;
-        let k = layer.k_proj.forward(x)?;
-        let v = layer.v_proj.forward(x)?;
+        let qkv = layer.qkv.forward(x)?;
+        let (q, k, v) = (&qkv[0], &qkv[1], &qkv[2]);
         if rows.len() == 1 {
-            return self.attend_row(l, &q, &k, &v, rows[0].cache);
+            return self.attend_row(l, q, k, v, rows[0].cache);
         }
         let mut outs = Vec::with_capacity(rows.len());
         let mut start = 0i32;
@@ -221,15 +260,10 @@ impl Llama {
         for layer in &self.layers {
             out.push(&layer.input_norm);
             out.push(&layer.post_attention_norm);
-            for lin in [
-                &layer.q_proj,
-                &layer.k_proj,
-                &layer.v_proj,
-                &layer.o_proj,
-                &layer.gate_proj,
-                &layer.up_proj,
-                &layer.down_proj,
-            ] {
+            let mut linears = layer.qkv.linears();
+            linears.extend(layer.gate_up.linears());
+            linears.extend([&layer.o_proj, &layer.down_proj]);
+            for lin in linears {
                 out.extend(lin.tensors().into_iter().map(|(_, a)| a));
             }
         }

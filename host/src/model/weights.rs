@@ -15,7 +15,7 @@ use mlx_rs::{Array, Dtype};
 use super::config::{ModelConfig, QuantSpec};
 use super::error::{ModelError, Result};
 use super::linear::{Embedding, Linear};
-use super::llama::{Layer, Llama};
+use super::llama::{Layer, Llama, Projections};
 
 /// Tensors by MLX name (`model.layers.0.self_attn.q_proj.weight`, ...).
 pub type TensorMap = HashMap<String, Array>;
@@ -158,15 +158,17 @@ pub fn build_llama(
     let mut layers = Vec::with_capacity(c.num_hidden_layers);
     for l in 0..c.num_hidden_layers {
         let p = format!("model.layers.{l}");
+        let q = linear(&format!("{p}.self_attn.q_proj"), h, q_out)?;
+        let k = linear(&format!("{p}.self_attn.k_proj"), h, kv_out)?;
+        let v = linear(&format!("{p}.self_attn.v_proj"), h, kv_out)?;
+        let gate = linear(&format!("{p}.mlp.gate_proj"), h, i)?;
+        let up = linear(&format!("{p}.mlp.up_proj"), h, i)?;
         layers.push(Layer {
             input_norm: vector(&format!("{p}.input_layernorm.weight"))?,
             post_attention_norm: vector(&format!("{p}.post_attention_layernorm.weight"))?,
-            q_proj: linear(&format!("{p}.self_attn.q_proj"), h, q_out)?,
-            k_proj: linear(&format!("{p}.self_attn.k_proj"), h, kv_out)?,
-            v_proj: linear(&format!("{p}.self_attn.v_proj"), h, kv_out)?,
+            qkv: Projections::new(vec![q, k, v])?,
             o_proj: linear(&format!("{p}.self_attn.o_proj"), q_out, h)?,
-            gate_proj: linear(&format!("{p}.mlp.gate_proj"), h, i)?,
-            up_proj: linear(&format!("{p}.mlp.up_proj"), h, i)?,
+            gate_up: Projections::new(vec![gate, up])?,
             down_proj: linear(&format!("{p}.mlp.down_proj"), i, h)?,
         });
     }
@@ -230,7 +232,9 @@ fn load_linear(tensors: &TensorMap, prefix: &str, in_dim: usize, out_dim: usize)
                 "expected shape [{out_dim}, {in_dim}], found {shape:?}"
             )));
         }
-        return Ok(Linear::Dense { weight });
+        return Ok(Linear::Dense {
+            weight_t: weight.t().contiguous()?,
+        });
     };
     let biases = get(tensors, &format!("{prefix}.biases"))?.clone();
     let groups = scales.shape().get(1).copied().unwrap_or(0) as usize;
