@@ -10,7 +10,7 @@ CACHE="${MLXHOST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlxhost}"
 mkdir -p "$CACHE"
 
 APT_PACKAGES=(cmake libclang-dev clang libopenblas0-pthread libopenblas-dev
-              rustc-web cargo-web rust-web-src lld python3-venv)
+              rustc-web cargo-web rust-web-src rust-web-llvm lld-22 python3-venv)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -8,5 +8,6 @@
 pub mod cache;
 pub mod model;
 pub mod paths;
+pub mod plugin;
 pub mod runtime;
 pub mod score;

@@ -1,0 +1,3 @@
+//! WASM plugins: manifests, the wasmtime runtime, host resources.
+pub mod bindings;
+pub mod tensors;

@@ -1,0 +1,60 @@
+//! Guest SDK for mlxhost plugins (`mlxhost:plugin@0.1.0`).
+//!
+//! A Rust sampler is a type implementing [`sampler::exports::mlxhost::plugin::sampler::GuestSession`]
+//! plus one macro call:
+//!
+//! ```ignore
+//! use mlxhost_plugin_sdk::sampler::{self, exports::mlxhost::plugin::sampler as api};
+//! struct Plugin;
+//! impl api::Guest for Plugin { type Session = Session; }
+//! struct Session;
+//! impl api::GuestSession for Session { /* create, sample, accept */ }
+//! mlxhost_plugin_sdk::export_sampler!(Plugin);
+//! ```
+//!
+//! Build for `wasm32-unknown-unknown` and encode as a component
+//! (`scripts/build-plugins.sh` does both); see `docs/plugins.md`.
+
+/// Bindings for the `sampler-plugin` world.
+pub mod sampler {
+    wit_bindgen::generate!({
+        path: "../../wit",
+        world: "sampler-plugin",
+        pub_export_macro: true,
+        export_macro_name: "export_sampler",
+        default_bindings_module: "mlxhost_plugin_sdk::sampler",
+    });
+}
+
+/// Bindings for the `logits-processor-plugin` world.
+pub mod processor {
+    wit_bindgen::generate!({
+        path: "../../wit",
+        world: "logits-processor-plugin",
+        pub_export_macro: true,
+        export_macro_name: "export_processor",
+        default_bindings_module: "mlxhost_plugin_sdk::processor",
+    });
+}
+
+/// Parses a plugin's `extra` parameters (a JSON object) into `(key, value)`
+/// number pairs, for plugins that take simple numeric options without a JSON
+/// dependency. Non-numeric values are returned as errors naming the key.
+pub fn numeric_params(extra: &str) -> Result<Vec<(String, f64)>, String> {
+    let body = extra.trim();
+    let body = body
+        .strip_prefix('{')
+        .and_then(|b| b.strip_suffix('}'))
+        .ok_or_else(|| format!("parameters must be a JSON object, got `{extra}`"))?;
+    let mut out = Vec::new();
+    for pair in body.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once(':').ok_or_else(|| format!("malformed parameter `{pair}`"))?;
+        let key = k.trim().trim_matches('"').to_string();
+        let value: f64 = v
+            .trim()
+            .parse()
+            .map_err(|_| format!("parameter `{key}` must be a number, got `{}`", v.trim()))?;
+        out.push((key, value));
+    }
+    Ok(out)
+}

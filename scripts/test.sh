@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone: installs what is missing (scripts/setup.sh), builds,
+# then runs lints and every test (unit tests next to the code, end-to-end tests in tests/ driving
+# the real binary with the real model). `.ci/run` calls exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh >/dev/null
+export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -q -- -D warnings
+cargo build --workspace -q
+if ! command -v cargo-nextest >/dev/null; then
+  cargo install --locked cargo-nextest
+fi
+cargo nextest run --workspace --no-fail-fast
