@@ -9,6 +9,7 @@ export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
 cargo build --workspace -q
+./scripts/build-plugins.sh
 if ! command -v cargo-nextest >/dev/null; then
   cargo install --locked cargo-nextest
 fi

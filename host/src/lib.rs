@@ -6,6 +6,7 @@
 //! [`paths`] (cache locations).
 
 pub mod cache;
+pub mod engine;
 pub mod model;
 pub mod paths;
 pub mod plugin;

@@ -2,6 +2,8 @@
 
 mod bench;
 mod convert;
+mod generate;
+mod plugins;
 mod score;
 
 use std::path::PathBuf;
@@ -25,6 +27,11 @@ enum Command {
     Convert(convert::ConvertArgs),
     /// Measure prefill tok/s and decode forward time on this machine.
     Bench(bench::BenchArgs),
+    /// Generate a chat reply, every token chosen by a sampler plugin; streams to stdout.
+    Generate(generate::GenerateArgs),
+    /// Inspect a plugins directory.
+    #[command(subcommand)]
+    Plugins(plugins::PluginsCommand),
 }
 
 /// Options shared by commands that load a model.
@@ -96,6 +103,8 @@ pub fn run() -> std::process::ExitCode {
         Command::Score(a) => score::run(a),
         Command::Convert(a) => convert::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Generate(a) => generate::run(a),
+        Command::Plugins(c) => plugins::run(c),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -6,6 +6,9 @@ pub mod sampler {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "sampler-plugin",
+        // Host functions return `wasmtime::Result`: an MLX failure traps the
+        // guest and fails only the request that made the call.
+        imports: { default: trappable },
         with: {
             "mlxhost:plugin/tensors.logits": crate::plugin::tensors::LogitsHandle,
             "mlxhost:plugin/tensors.history": crate::plugin::tensors::HistoryHandle,

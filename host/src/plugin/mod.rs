@@ -1,3 +1,15 @@
-//! WASM plugins: manifests, the wasmtime runtime, host resources.
+//! WASM plugins: manifests, the wasmtime host, host resources (`tensors`),
+//! and per-request sessions.
+//!
+//! Interfaces: `wit/plugin.wit` (`mlxhost:plugin@0.1.0`); authoring guide:
+//! `docs/plugins.md`.
+
 pub mod bindings;
+pub mod manifest;
+pub mod runtime;
+pub mod session;
 pub mod tensors;
+
+pub use manifest::{Kind, Manifest};
+pub use runtime::{PluginError, PluginHost, PluginLimits};
+pub use session::{RowChain, SamplingParams};

@@ -9,7 +9,7 @@
 //! impl api::Guest for Plugin { type Session = Session; }
 //! struct Session;
 //! impl api::GuestSession for Session { /* create, sample, accept */ }
-//! mlxhost_plugin_sdk::export_sampler!(Plugin);
+//! mlxhost_plugin_sdk::sampler::export_sampler!(Plugin);
 //! ```
 //!
 //! Build for `wasm32-unknown-unknown` and encode as a component
@@ -48,7 +48,9 @@ pub fn numeric_params(extra: &str) -> Result<Vec<(String, f64)>, String> {
         .ok_or_else(|| format!("parameters must be a JSON object, got `{extra}`"))?;
     let mut out = Vec::new();
     for pair in body.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once(':').ok_or_else(|| format!("malformed parameter `{pair}`"))?;
+        let (k, v) = pair
+            .split_once(':')
+            .ok_or_else(|| format!("malformed parameter `{pair}`"))?;
         let key = k.trim().trim_matches('"').to_string();
         let value: f64 = v
             .trim()

@@ -29,7 +29,10 @@ fn error(message: String) -> PluginError {
 impl api::GuestSession for Session {
     fn create(p: SamplingParams) -> Result<api::Session, PluginError> {
         if !(p.temperature >= 0.0) || !p.temperature.is_finite() {
-            return Err(error(format!("`temperature` must be >= 0, got {}", p.temperature)));
+            return Err(error(format!(
+                "`temperature` must be >= 0, got {}",
+                p.temperature
+            )));
         }
         if !(0.0..=1.0).contains(&p.top_p) {
             return Err(error(format!("`top_p` must be in [0, 1], got {}", p.top_p)));
@@ -38,20 +41,33 @@ impl api::GuestSession for Session {
             return Err(error(format!("`min_p` must be in [0, 1], got {}", p.min_p)));
         }
         if !(0.0..=1.0).contains(&p.xtc_probability) {
-            return Err(error(format!("`xtc_probability` must be in [0, 1], got {}", p.xtc_probability)));
+            return Err(error(format!(
+                "`xtc_probability` must be in [0, 1], got {}",
+                p.xtc_probability
+            )));
         }
         if !(0.0..=0.5).contains(&p.xtc_threshold) {
-            return Err(error(format!("`xtc_threshold` must be in [0, 0.5], got {}", p.xtc_threshold)));
+            return Err(error(format!(
+                "`xtc_threshold` must be in [0, 0.5], got {}",
+                p.xtc_threshold
+            )));
         }
         if !p.extra.trim().is_empty() && p.extra.trim() != "{}" {
-            return Err(error(format!("`standard` takes no plugin parameters, got {}", p.extra)));
+            return Err(error(format!(
+                "`standard` takes no plugin parameters, got {}",
+                p.extra
+            )));
         }
         let seed = p.seed.unwrap_or(0);
         Ok(api::Session::new(Session { p, seed }))
     }
 
-    fn sample(&self, logits: api::LogitsBorrow<'_>, _history: api::HistoryBorrow<'_>, step: u32) -> Result<Choice, PluginError> {
-        let logits: &Logits = logits.get();
+    fn sample(
+        &self,
+        logits: &Logits,
+        _history: &History,
+        step: u32,
+    ) -> Result<Choice, PluginError> {
         let p = &self.p;
         if p.temperature == 0.0 {
             return Ok(Choice::Device(logits.argmax()));
@@ -63,7 +79,13 @@ impl api::GuestSession for Session {
             logits.min_p(p.min_p);
         }
         if p.xtc_probability > 0.0 {
-            logits.xtc(p.xtc_probability, p.xtc_threshold, &p.xtc_special_ids, self.seed, step);
+            logits.xtc(
+                p.xtc_probability,
+                p.xtc_threshold,
+                &p.xtc_special_ids,
+                self.seed,
+                step,
+            );
         }
         if p.top_k > 0 {
             logits.top_k(p.top_k);
@@ -77,7 +99,4 @@ impl api::GuestSession for Session {
     fn accept(&self, _token: u32, _raw_logprob: f32, _sampled_logprob: f32) {}
 }
 
-#[allow(dead_code)]
-fn _uses(_: &History) {}
-
-mlxhost_plugin_sdk::export_sampler!(Plugin);
+mlxhost_plugin_sdk::sampler::export_sampler!(Plugin);

@@ -1,0 +1,130 @@
+//! `mlxhost generate`: one chat turn, streamed to stdout; timing on stderr.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use mlxhost::engine::{self, GenerateEvent, GenerateRequest};
+use mlxhost::model::ChatMessage;
+use mlxhost::plugin::{PluginHost, PluginLimits, SamplingParams};
+
+use super::ModelArgs;
+
+/// Arguments of `mlxhost generate`.
+#[derive(Debug, clap::Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Plugins directory (one folder per plugin).
+    #[arg(long, default_value = "plugins", env = "MLXHOST_PLUGINS")]
+    plugins: PathBuf,
+    /// Sampler plugin.
+    #[arg(long, default_value = "standard")]
+    sampler: String,
+    /// Logits processor plugins, in order (repeat the flag).
+    #[arg(long = "logits-processor")]
+    logits_processors: Vec<String>,
+    /// Plugin parameters as JSON keyed by plugin name, e.g. '{"ban-token": {"id": 7042}}'.
+    #[arg(long, default_value = "{}")]
+    plugin_params: String,
+    /// The user message.
+    #[arg(long)]
+    prompt: String,
+    /// System message; the chat template's default when absent.
+    #[arg(long, alias = "system-prompt")]
+    system: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, alias = "temperature", default_value_t = 0.0)]
+    temp: f32,
+    /// Nucleus mass (1.0 = off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Keep the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    top_k: u32,
+    /// Min-p threshold relative to the most likely token (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    /// Seed for reproducible sampling.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stop string (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+}
+
+pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    let plugins =
+        PluginHost::load_dir(&args.plugins, PluginLimits::default()).context("--plugins")?;
+    for s in &plugins.skipped {
+        eprintln!("warning: plugin {} skipped: {}", s.dir.display(), s.reason);
+    }
+    let plugin_params: serde_json::Value = serde_json::from_str(&args.plugin_params)
+        .context("--plugin-params must be a JSON object")?;
+    if !plugin_params.is_object() {
+        anyhow::bail!("--plugin-params must be a JSON object keyed by plugin name");
+    }
+    let model = args.model.load(false)?;
+    let template = model
+        .template
+        .as_ref()
+        .context("the model has no chat template")?;
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(ChatMessage {
+            role: "system".into(),
+            content: system.clone(),
+        });
+    }
+    messages.push(ChatMessage {
+        role: "user".into(),
+        content: args.prompt.clone(),
+    });
+    let prompt_ids = model.tokenizer.encode(&template.render(&messages, true)?)?;
+    let req = GenerateRequest {
+        prompt_ids,
+        max_tokens: args.max_tokens,
+        stop: args.stop.clone(),
+        params: SamplingParams {
+            temperature: args.temp,
+            top_p: args.top_p,
+            top_k: args.top_k,
+            min_p: args.min_p,
+            seed: args.seed,
+            ..SamplingParams::default()
+        },
+        sampler: args.sampler.clone(),
+        processors: args.logits_processors.clone(),
+        plugin_params,
+        top_logprobs: 0,
+    };
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let summary = engine::generate(
+        &model,
+        &plugins,
+        &req,
+        |ev| {
+            if let GenerateEvent::Text(t) = ev {
+                let _ = out.write_all(t.as_bytes());
+                let _ = out.flush();
+            }
+        },
+        || false,
+    )?;
+    let _ = writeln!(out);
+    let decode_s = summary.decode.as_secs_f64();
+    eprintln!(
+        "prompt: {} tokens, {:.1} tok/s | generation: {} tokens, {:.1} tok/s | plugins: {:.1}% of decode time | finish: {:?}",
+        summary.prompt_tokens,
+        summary.prompt_tokens as f64 / summary.prefill.as_secs_f64().max(1e-9),
+        summary.completion_tokens,
+        summary.completion_tokens as f64 / decode_s.max(1e-9),
+        100.0 * summary.plugin_time.as_secs_f64() / decode_s.max(1e-9),
+        summary.finish_reason,
+    );
+    Ok(())
+}

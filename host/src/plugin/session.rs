@@ -1,0 +1,334 @@
+//! One row's plugin chain for one request: its logits processors (in order)
+//! and its sampler, each a fresh instance with its own store and session
+//! resource, created from the pre-instantiated component (~microseconds).
+
+use std::time::{Duration, Instant};
+
+use mlx_rs::Array;
+use wasmtime::component::ResourceAny;
+use wasmtime::Store;
+
+use super::bindings::processor::LogitsProcessorPlugin;
+use super::bindings::sampler::exports::mlxhost::plugin::sampler::Choice;
+use super::bindings::sampler::mlxhost::plugin::types as wit;
+use super::bindings::sampler::SamplerPlugin;
+use super::manifest::Kind;
+use super::runtime::{PluginError, PluginHost};
+use super::tensors::{HistoryHandle, LogitsHandle, PluginState};
+
+/// Sampling parameters of a request (OpenAI spelling; `semantics.md`
+/// defaults). Mirrors the WIT `sampling-params` record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// 1.0 = off.
+    pub top_p: f32,
+    /// 0 = off.
+    pub top_k: u32,
+    /// 0.0 = off.
+    pub min_p: f32,
+    /// 0.0 = off.
+    pub xtc_probability: f32,
+    /// XTC threshold.
+    pub xtc_threshold: f32,
+    /// Per-row seed; `None` = random per request.
+    pub seed: Option<u64>,
+    /// Ids XTC never removes (EOS ids, newline).
+    pub xtc_special_ids: Vec<u32>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            xtc_probability: 0.0,
+            xtc_threshold: 0.0,
+            seed: None,
+            xtc_special_ids: Vec::new(),
+        }
+    }
+}
+
+impl SamplingParams {
+    fn to_wit(&self, extra: &serde_json::Value) -> wit::SamplingParams {
+        wit::SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            xtc_probability: self.xtc_probability,
+            xtc_threshold: self.xtc_threshold,
+            seed: self.seed,
+            xtc_special_ids: self.xtc_special_ids.clone(),
+            extra: extra.to_string(),
+        }
+    }
+}
+
+struct ProcessorInstance {
+    name: String,
+    store: Store<PluginState>,
+    bindings: LogitsProcessorPlugin,
+    session: ResourceAny,
+}
+
+struct SamplerInstance {
+    name: String,
+    store: Store<PluginState>,
+    bindings: SamplerPlugin,
+    session: ResourceAny,
+}
+
+/// What the sampler chose for a step.
+pub enum Chosen {
+    /// A device scalar (uint32), evaluated with the rest of the step.
+    Device(Array),
+    /// An id the guest decided.
+    Host(u32),
+}
+
+/// The output of a row's chain for one step.
+pub struct StepOutput {
+    /// The chosen token.
+    pub token: Chosen,
+    /// The logits after every processor and the sampler's own edits: the
+    /// distribution the token was drawn from (`[V]`, lazy).
+    pub final_logits: Array,
+}
+
+/// A row's processors and sampler for one request.
+pub struct RowChain {
+    processors: Vec<ProcessorInstance>,
+    sampler: SamplerInstance,
+    deadline_ticks: u64,
+    /// Wall time spent inside plugin calls (instantiation excluded).
+    pub plugin_time: Duration,
+}
+
+fn failed(plugin: &str, cause: impl std::fmt::Display) -> PluginError {
+    PluginError::Failed {
+        plugin: plugin.to_string(),
+        cause: cause.to_string(),
+    }
+}
+
+/// Trap causes in words users understand.
+fn trap_cause(e: &wasmtime::Error) -> String {
+    if let Some(trap) = e.downcast_ref::<wasmtime::Trap>() {
+        return match trap {
+            wasmtime::Trap::Interrupt => "exceeded its time limit (epoch deadline)".into(),
+            other => format!("trapped: {other}"),
+        };
+    }
+    format!("{e:#}")
+}
+
+impl RowChain {
+    /// Instantiates `sampler` and `processors` (in order) for one row.
+    /// `plugin_params` maps plugin name to its JSON parameters.
+    ///
+    /// Errors: [`PluginError::Unknown`] for a name that is not loaded (or not
+    /// of that kind); [`PluginError::Failed`] when a session rejects its
+    /// parameters or instantiation fails.
+    pub fn new(
+        host: &PluginHost,
+        sampler: &str,
+        processors: &[String],
+        params: &SamplingParams,
+        plugin_params: &serde_json::Value,
+    ) -> Result<Self, PluginError> {
+        let extra_for = |name: &str, defaults: serde_json::Value| -> serde_json::Value {
+            let mut merged = match defaults {
+                serde_json::Value::Object(m) => m,
+                _ => serde_json::Map::new(),
+            };
+            if let Some(serde_json::Value::Object(m)) = plugin_params.get(name) {
+                for (k, v) in m {
+                    merged.insert(k.clone(), v.clone());
+                }
+            }
+            serde_json::Value::Object(merged)
+        };
+        let mut procs = Vec::with_capacity(processors.len());
+        for name in processors {
+            let p = host.get(name, Kind::LogitsProcessor)?;
+            let pre = p
+                .processor
+                .as_ref()
+                .ok_or_else(|| failed(name, "no logits-processor world"))?;
+            let mut store = host.new_store();
+            let bindings = pre
+                .instantiate(&mut store)
+                .map_err(|e| failed(name, trap_cause(&e)))?;
+            let extra = extra_for(name, p.manifest.defaults_json());
+            let session = bindings
+                .mlxhost_plugin_logits_processor()
+                .session()
+                .call_create(&mut store, &params.to_wit(&extra))
+                .map_err(|e| failed(name, trap_cause(&e)))?
+                .map_err(|e| failed(name, e.message))?;
+            procs.push(ProcessorInstance {
+                name: name.clone(),
+                store,
+                bindings,
+                session,
+            });
+        }
+        let p = host.get(sampler, Kind::Sampler)?;
+        let pre = p
+            .sampler
+            .as_ref()
+            .ok_or_else(|| failed(sampler, "no sampler world"))?;
+        let mut store = host.new_store();
+        let bindings = pre
+            .instantiate(&mut store)
+            .map_err(|e| failed(sampler, trap_cause(&e)))?;
+        let extra = extra_for(sampler, p.manifest.defaults_json());
+        let session = bindings
+            .mlxhost_plugin_sampler()
+            .session()
+            .call_create(&mut store, &params.to_wit(&extra))
+            .map_err(|e| failed(sampler, trap_cause(&e)))?
+            .map_err(|e| failed(sampler, e.message))?;
+        Ok(RowChain {
+            processors: procs,
+            sampler: SamplerInstance {
+                name: sampler.into(),
+                store,
+                bindings,
+                session,
+            },
+            deadline_ticks: host.deadline_ticks(),
+            plugin_time: Duration::ZERO,
+        })
+    }
+
+    /// Runs the processors then the sampler on `logits` (`[V]`, float32,
+    /// lazy). Nothing is evaluated unless a plugin reads back.
+    pub fn step(
+        &mut self,
+        logits: Array,
+        ids: &[u32],
+        prompt_len: usize,
+        step: u32,
+    ) -> Result<StepOutput, PluginError> {
+        let started = Instant::now();
+        let vocab = logits.shape().first().copied().unwrap_or(0) as u32;
+        let mut logits = logits;
+        for p in &mut self.processors {
+            p.store.set_epoch_deadline(self.deadline_ticks);
+            let table = &mut p.store.data_mut().table;
+            let l = table
+                .push(LogitsHandle { array: logits })
+                .map_err(|e| failed(&p.name, e))?;
+            let h = table
+                .push(HistoryHandle {
+                    ids: ids.to_vec(),
+                    prompt_len,
+                })
+                .map_err(|e| failed(&p.name, e))?;
+            let (l_rep, h_rep) = (l.rep(), h.rep());
+            let result = p
+                .bindings
+                .mlxhost_plugin_logits_processor()
+                .session()
+                .call_process(
+                    &mut p.store,
+                    p.session,
+                    wasmtime::component::Resource::new_borrow(l_rep),
+                    wasmtime::component::Resource::new_borrow(h_rep),
+                    step,
+                );
+            let table = &mut p.store.data_mut().table;
+            let _ = table.delete(h);
+            logits = table.delete(l).map_err(|e| failed(&p.name, e))?.array;
+            result
+                .map_err(|e| failed(&p.name, trap_cause(&e)))?
+                .map_err(|e| failed(&p.name, e.message))?;
+        }
+        let s = &mut self.sampler;
+        s.store.set_epoch_deadline(self.deadline_ticks);
+        let table = &mut s.store.data_mut().table;
+        let l = table
+            .push(LogitsHandle { array: logits })
+            .map_err(|e| failed(&s.name, e))?;
+        let h = table
+            .push(HistoryHandle {
+                ids: ids.to_vec(),
+                prompt_len,
+            })
+            .map_err(|e| failed(&s.name, e))?;
+        let (l_rep, h_rep) = (l.rep(), h.rep());
+        let result = s.bindings.mlxhost_plugin_sampler().session().call_sample(
+            &mut s.store,
+            s.session,
+            wasmtime::component::Resource::new_borrow(l_rep),
+            wasmtime::component::Resource::new_borrow(h_rep),
+            step,
+        );
+        let table = &mut s.store.data_mut().table;
+        let _ = table.delete(h);
+        let final_logits = table.delete(l).map_err(|e| failed(&s.name, e))?.array;
+        let choice = result
+            .map_err(|e| failed(&s.name, trap_cause(&e)))?
+            .map_err(|e| failed(&s.name, e.message))?;
+        let token = match choice {
+            Choice::Device(t) => Chosen::Device(
+                s.store
+                    .data_mut()
+                    .table
+                    .delete(t)
+                    .map_err(|e| failed(&s.name, e))?
+                    .array,
+            ),
+            Choice::Host(id) if id < vocab => Chosen::Host(id),
+            Choice::Host(id) => {
+                return Err(failed(
+                    &s.name,
+                    format!("returned token id {id}, outside the vocabulary (size {vocab})"),
+                ))
+            }
+        };
+        self.plugin_time += started.elapsed();
+        Ok(StepOutput {
+            token,
+            final_logits,
+        })
+    }
+
+    /// Tells every session which token was chosen (after the step's eval).
+    pub fn accept(
+        &mut self,
+        token: u32,
+        raw_logprob: f32,
+        sampled_logprob: f32,
+    ) -> Result<(), PluginError> {
+        let started = Instant::now();
+        for p in &mut self.processors {
+            p.store.set_epoch_deadline(self.deadline_ticks);
+            p.bindings
+                .mlxhost_plugin_logits_processor()
+                .session()
+                .call_accept(&mut p.store, p.session, token, raw_logprob, sampled_logprob)
+                .map_err(|e| failed(&p.name, trap_cause(&e)))?;
+        }
+        let s = &mut self.sampler;
+        s.store.set_epoch_deadline(self.deadline_ticks);
+        s.bindings
+            .mlxhost_plugin_sampler()
+            .session()
+            .call_accept(&mut s.store, s.session, token, raw_logprob, sampled_logprob)
+            .map_err(|e| failed(&s.name, trap_cause(&e)))?;
+        self.plugin_time += started.elapsed();
+        Ok(())
+    }
+
+    /// The sampler's name.
+    pub fn sampler_name(&self) -> &str {
+        &self.sampler.name
+    }
+}
