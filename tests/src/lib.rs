@@ -156,3 +156,37 @@ pub fn score_input(rows: &[(Vec<u32>, Vec<u32>)]) -> tempfile::NamedTempFile {
     }
     f
 }
+
+/// The repository's `plugins/` folder (built by scripts/build-plugins.sh).
+pub fn plugins_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins");
+    assert!(
+        dir.join("standard/standard.wasm").is_file(),
+        "plugins are not built: run scripts/build-plugins.sh"
+    );
+    dir
+}
+
+/// A temporary plugins folder holding copies of the named plugin folders
+/// (from `plugins/` or `plugins/testing/`).
+pub fn plugin_folder_with(names: &[&str]) -> tempfile::TempDir {
+    let root = plugins_dir();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for name in names {
+        let src = [root.join(name), root.join("testing").join(name)]
+            .into_iter()
+            .find(|p| p.join("plugin.toml").is_file())
+            .unwrap_or_else(|| panic!("no plugin folder `{name}`"));
+        let dst = tmp.path().join(name);
+        std::fs::create_dir_all(&dst).expect("mkdir");
+        for f in ["plugin.toml"] {
+            std::fs::copy(src.join(f), dst.join(f)).expect("copy manifest");
+        }
+        for entry in std::fs::read_dir(&src).expect("read plugin dir").flatten() {
+            if entry.path().extension().is_some_and(|e| e == "wasm") {
+                std::fs::copy(entry.path(), dst.join(entry.file_name())).expect("copy component");
+            }
+        }
+    }
+    tmp
+}
