@@ -5,6 +5,8 @@
 //! (teacher-forced log-likelihoods), [`runtime`] (backend facts),
 //! [`paths`] (cache locations).
 
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
 pub mod cache;
 pub mod engine;
 pub mod model;

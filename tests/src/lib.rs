@@ -179,7 +179,8 @@ pub fn plugin_folder_with(names: &[&str]) -> tempfile::TempDir {
             .unwrap_or_else(|| panic!("no plugin folder `{name}`"));
         let dst = tmp.path().join(name);
         std::fs::create_dir_all(&dst).expect("mkdir");
-        for f in ["plugin.toml"] {
+        {
+            let f = "plugin.toml";
             std::fs::copy(src.join(f), dst.join(f)).expect("copy manifest");
         }
         for entry in std::fs::read_dir(&src).expect("read plugin dir").flatten() {

@@ -265,17 +265,17 @@ fn check_header(path: &Path) -> Result<()> {
     let mut alignment = 32u64;
     let mut pos = 24u64;
     for _ in 0..n_kv {
-        let key = read_string(&mut r, &mut pos, file_len).map_err(|e| bad(e))?;
+        let key = read_string(&mut r, &mut pos, file_len).map_err(&bad)?;
         let ty = read_u32(&mut r).map_err(trunc)?;
         pos += 4;
-        let value = skip_value(&mut r, ty, &mut pos, file_len).map_err(|e| bad(e))?;
+        let value = skip_value(&mut r, ty, &mut pos, file_len).map_err(&bad)?;
         if key == "general.alignment" {
             alignment = value.max(1);
         }
     }
     let mut data_needed = 0u64;
     for _ in 0..n_tensors {
-        let name = read_string(&mut r, &mut pos, file_len).map_err(|e| bad(e))?;
+        let name = read_string(&mut r, &mut pos, file_len).map_err(&bad)?;
         let n_dims = read_u32(&mut r).map_err(trunc)?;
         pos += 4;
         if n_dims > 8 {

@@ -169,7 +169,7 @@ impl Linear {
                 .filter_map(|p| p.tensors().get(i).map(|t| t.1))
                 .collect()
         };
-        Ok(first
+        first
             .map(|spec| -> Result<Linear> {
                 Ok(Linear::Quantized {
                     weight: ops::concatenate(&pick(0), 0)?,
@@ -178,7 +178,7 @@ impl Linear {
                     spec,
                 })
             })
-            .transpose()?)
+            .transpose()
     }
 
     /// Bytes of parameter storage.

@@ -239,7 +239,7 @@ fn load_linear(tensors: &TensorMap, prefix: &str, in_dim: usize, out_dim: usize)
     let biases = get(tensors, &format!("{prefix}.biases"))?.clone();
     let groups = scales.shape().get(1).copied().unwrap_or(0) as usize;
     let packed = shape[1] as usize;
-    if groups == 0 || in_dim % groups != 0 || (packed * 32) % in_dim != 0 {
+    if groups == 0 || !in_dim.is_multiple_of(groups) || !(packed * 32).is_multiple_of(in_dim) {
         return Err(bad(format!(
             "cannot infer quantization: packed width {packed}, {groups} groups, input width {in_dim}"
         )));

@@ -67,6 +67,11 @@ impl PluginState {
 
 type R<T> = wasmtime::Result<T>;
 
+/// `x > 0`, false for NaN.
+fn is_positive(x: f32) -> bool {
+    x > 0.0
+}
+
 fn neg_inf() -> Array {
     Array::from_f32(f32::NEG_INFINITY)
 }
@@ -142,7 +147,7 @@ impl HostLogits for PluginState {
     }
 
     fn scale(&mut self, l: Resource<LogitsHandle>, temperature: f32) -> R<()> {
-        if !(temperature > 0.0) || !temperature.is_finite() {
+        if !is_positive(temperature) || !temperature.is_finite() {
             wasmtime::bail!("scale: temperature must be > 0, got {temperature}");
         }
         let a = ops::multiply(self.logits(&l)?, Array::from_f32(1.0 / temperature))?;
@@ -180,7 +185,7 @@ impl HostLogits for PluginState {
         penalty: f32,
         window: u32,
     ) -> R<()> {
-        if !(penalty > 0.0) {
+        if !is_positive(penalty) {
             wasmtime::bail!("repetition-penalty: penalty must be > 0, got {penalty}");
         }
         let hist = self.table.get(&h)?;
@@ -195,7 +200,7 @@ impl HostLogits for PluginState {
             return Ok(());
         }
         let mask = ops::gt(
-            &dense(v, &ids, &vec![1.0; ids.len()], 0.0, false),
+            dense(v, &ids, &vec![1.0; ids.len()], 0.0, false),
             Array::from_f32(0.5),
         )?;
         let penalized = ops::select(
@@ -227,7 +232,7 @@ impl HostLogits for PluginState {
         }
         let ids: Vec<u32> = counts.keys().copied().collect();
         let pen: Vec<f32> = counts.values().map(|&c| c * frequency + presence).collect();
-        let a = ops::subtract(cur, &dense(v, &ids, &pen, 0.0, false))?;
+        let a = ops::subtract(cur, dense(v, &ids, &pen, 0.0, false))?;
         self.set(&l, a)
     }
 
@@ -257,7 +262,7 @@ impl HostLogits for PluginState {
         let sorted = ops::sort_axis(&lp, -1)?;
         let probs = ops::exp(&sorted)?;
         let mass_above = ops::cumsum(&probs, -1, true, false)?;
-        let total = ops::add(&mass_above.index(..1), &probs.index(..1))?;
+        let total = ops::add(mass_above.index(..1), probs.index(..1))?;
         let dropped = ops::sum_axis(
             &ops::ge(&mass_above, &ops::multiply(&total, Array::from_f32(p))?)?
                 .as_dtype(Dtype::Int32)?,
@@ -270,7 +275,7 @@ impl HostLogits for PluginState {
     }
 
     fn min_p(&mut self, l: Resource<LogitsHandle>, p: f32) -> R<()> {
-        if !(p > 0.0) {
+        if !is_positive(p) {
             return Ok(());
         }
         // mlx-lm apply_min_p: keep tokens with logprob >= max + ln(p) (the top
@@ -292,7 +297,7 @@ impl HostLogits for PluginState {
         seed: u64,
         step: u32,
     ) -> R<()> {
-        if !(probability > 0.0) {
+        if !is_positive(probability) {
             return Ok(());
         }
         // mlx-lm apply_xtc: with probability `probability`, remove every token
@@ -308,7 +313,7 @@ impl HostLogits for PluginState {
         let mut remove = ops::gt(&probs, &min_above)?;
         if !keep.is_empty() {
             let protect = ops::gt(
-                &dense(v, &keep, &vec![1.0; keep.len()], 0.0, false),
+                dense(v, &keep, &vec![1.0; keep.len()], 0.0, false),
                 Array::from_f32(0.5),
             )?;
             remove = ops::logical_and(&remove, &ops::logical_not(&protect)?)?;
