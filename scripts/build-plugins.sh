@@ -5,8 +5,8 @@
 # about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build -q --release -p mlxhost-componentize
-ENCODE="$PWD/target/release/mlxhost-componentize"
+cargo build -q -p mlxhost-componentize
+ENCODE="$PWD/target/debug/mlxhost-componentize"
 RUSTC_WASM="${RUSTC_WASM:-/usr/bin/rustc}"
 [ -x "$RUSTC_WASM" ] || { echo "build-plugins: $RUSTC_WASM missing (apt install rustc-web rust-web-src; scripts/setup.sh does)" >&2; exit 1; }
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The main job, until `serve` lands: install everything, build, and score a chat continuation
-# with the default model (SmolLM2-135M-Instruct), printing per-token log-probabilities.
+# The main job, until `serve` lands: install everything, build the host and the default plugins,
+# and generate a reply with the default model (SmolLM2-135M-Instruct), every token chosen by the
+# `standard` sampler plugin from plugins/. Extra arguments go to `mlxhost generate`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh >/dev/null
 cargo build --release -q -p mlxhost
-INPUT=$(mktemp); trap 'rm -f "$INPUT"' EXIT
-echo '{"messages": [{"role": "user", "content": "What is the capital of France?"}], "continuation_ids": [504, 3575, 282, 4649, 314, 7042, 30, 2]}' > "$INPUT"
-exec target/release/mlxhost score --input "$INPUT" --top-logprobs 3 "$@"
+./scripts/build-plugins.sh
+exec target/release/mlxhost generate --plugins plugins --prompt "What is the capital of France?" "$@"

@@ -112,7 +112,10 @@ impl ModelConfig {
                 return Err(format!("`{name}` must be positive"));
             }
         }
-        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err("`num_attention_heads` must be a multiple of `num_key_value_heads`".into());
         }
         Ok(())

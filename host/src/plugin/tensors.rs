@@ -390,3 +390,116 @@ impl HostLogits for PluginState {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Golden values: mlx-lm 0.32.2's own `apply_top_p` / `apply_min_p` /
+    //! `apply_top_k` on fixed log-probabilities
+    //! (`host/tests/fixtures/mlx_lm_filters.json`, made by
+    //! `benches/make_sampling_fixtures.py`). Our ops run on the raw logits;
+    //! the filters are shift-invariant, so the kept sets must be equal.
+    use super::*;
+
+    const FIXTURE: &str = include_str!("../../tests/fixtures/mlx_lm_filters.json");
+
+    fn kept_after(op: &str, arg: f64, logits: &[f32]) -> Vec<bool> {
+        let mut state = PluginState::new(wasmtime::StoreLimitsBuilder::new().build());
+        let l = state
+            .table
+            .push(LogitsHandle {
+                array: Array::from_slice(logits, &[logits.len() as i32]),
+            })
+            .expect("push");
+        let r = || Resource::<LogitsHandle>::new_borrow(l.rep());
+        match op {
+            "top_p" => state.top_p(r(), arg as f32),
+            "min_p" => state.min_p(r(), arg as f32),
+            "top_k" => state.top_k(r(), arg as u32),
+            other => panic!("unknown op {other}"),
+        }
+        .expect("op");
+        let out = state.read_all(r()).expect("read");
+        out.iter().map(|x| x.is_finite()).collect()
+    }
+
+    #[test]
+    fn filters_keep_what_mlx_lm_keeps() {
+        let f: serde_json::Value = serde_json::from_str(FIXTURE).expect("fixture");
+        let logits: Vec<f32> = f["logits"]
+            .as_array()
+            .expect("logits")
+            .iter()
+            .map(|v| v.as_f64().expect("num") as f32)
+            .collect();
+        for case in f["cases"].as_array().expect("cases") {
+            let op = case["op"].as_str().expect("op");
+            let arg = case["arg"].as_f64().expect("arg");
+            let expected: Vec<bool> = case["kept"]
+                .as_array()
+                .expect("kept")
+                .iter()
+                .map(|v| !v.is_null())
+                .collect();
+            assert_eq!(kept_after(op, arg, &logits), expected, "{op}({arg})");
+        }
+    }
+
+    #[test]
+    fn same_seed_and_step_draw_the_same_token() {
+        let mut state = PluginState::new(wasmtime::StoreLimitsBuilder::new().build());
+        let logits: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
+        let l = state
+            .table
+            .push(LogitsHandle {
+                array: Array::from_slice(&logits, &[64]),
+            })
+            .expect("push");
+        let draw = |state: &mut PluginState, seed, step| {
+            let t = state
+                .categorical(Resource::new_borrow(l.rep()), seed, step)
+                .expect("draw");
+            let a = state.table.delete(t).expect("token").array;
+            a.try_item_cast::<u32>().expect("id")
+        };
+        assert_eq!(draw(&mut state, 5, 3), draw(&mut state, 5, 3));
+        let distinct: std::collections::BTreeSet<u32> =
+            (0..20).map(|s| draw(&mut state, s, 0)).collect();
+        assert!(distinct.len() > 3, "20 seeds drew only {distinct:?}");
+    }
+
+    #[test]
+    fn penalties_follow_their_definitions() {
+        let mut state = PluginState::new(wasmtime::StoreLimitsBuilder::new().build());
+        let l = state
+            .table
+            .push(LogitsHandle {
+                array: Array::from_slice(&[2.0f32, -2.0, 1.0, 0.5], &[4]),
+            })
+            .expect("push");
+        let h = state
+            .table
+            .push(HistoryHandle {
+                ids: vec![0, 1, 2, 2],
+                prompt_len: 2,
+            })
+            .expect("push");
+        let (lr, hr) = (
+            || Resource::<LogitsHandle>::new_borrow(l.rep()),
+            || Resource::<HistoryHandle>::new_borrow(h.rep()),
+        );
+        // Repetition over the last 3 tokens (1, 2, 2): id 1 (negative) x2, id 2 (positive) /2.
+        state.repetition_penalty(lr(), hr(), 2.0, 3).expect("rep");
+        assert_eq!(
+            state.read_all(lr()).expect("read"),
+            vec![2.0, -4.0, 0.5, 0.5]
+        );
+        // Presence/frequency over generated tokens only (2, 2): id 2 -= 2*0.25 + 1.
+        state
+            .presence_frequency_penalty(lr(), hr(), 1.0, 0.25)
+            .expect("pf");
+        assert_eq!(
+            state.read_all(lr()).expect("read"),
+            vec![2.0, -4.0, -1.0, 0.5]
+        );
+    }
+}
