@@ -16,6 +16,17 @@ pub struct Detokenizer {
 }
 
 impl Detokenizer {
+    /// A detokenizer primed with the last few prompt ids, so decoders that
+    /// strip a leading space (SentencePiece) keep the first generated
+    /// token's space; the context itself is never emitted.
+    pub fn with_context(context: &[u32]) -> Self {
+        Detokenizer {
+            ids: context.to_vec(),
+            prefix_offset: 0,
+            read_offset: context.len(),
+        }
+    }
+
     /// Appends `id` and returns the newly complete text (maybe empty).
     pub fn push(&mut self, tok: &TextTokenizer, id: u32) -> Result<String, ModelError> {
         self.ids.push(id);

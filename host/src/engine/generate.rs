@@ -183,7 +183,7 @@ pub fn generate(
     let decode_started = Instant::now();
     let max_new = req.max_tokens.min(context - prompt.len());
     let mut ids = prompt.clone();
-    let mut detok = Detokenizer::default();
+    let mut detok = Detokenizer::with_context(&prompt[prompt.len().saturating_sub(5)..]);
     let mut stops = StopMatcher::new(&req.stop);
     let mut finish = FinishReason::Length;
     let mut generated = 0usize;
@@ -204,7 +204,7 @@ pub fn generate(
         let raw_at = raw_lp.take_axis(&token_arr, -1)?;
         let sampled_at = sampled_lp.take_axis(&token_arr, -1)?;
         let top = if req.top_logprobs > 0 {
-            let k = (req.top_logprobs as i32).min(vocab as i32);
+            let k = req.top_logprobs.min(vocab) as i32;
             let idx = mlx_rs::ops::argpartition_axis(&mlx_rs::ops::negative(&raw_lp)?, k - 1, -1)?
                 .index(..k)
                 .contiguous()?;
@@ -278,13 +278,18 @@ pub fn generate(
             .into_iter()
             .next()
             .ok_or_else(|| GenerateError::InvalidRequest("no logits".into()))?;
+        // Evaluate the forward before the plugins run, so a plugin that reads
+        // back pays only for its own work inside its deadline.
+        eval([&logits])?;
     }
     // Text held back (an incomplete character, a possible stop-string
     // prefix) is real output unless a stop string ended generation.
     if !stopped_by_string {
         let tail = detok.flush(&model.tokenizer)?;
         let mut rest = stops.feed(&tail);
-        if !rest.stopped {
+        if rest.stopped {
+            finish = FinishReason::Stop;
+        } else {
             rest.emit.push_str(&stops.flush());
         }
         if !rest.emit.is_empty() {

@@ -58,6 +58,10 @@ pub struct ModelConfig {
     /// Dtype the checkpoint's unquantized tensors are stored in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub torch_dtype: Option<String>,
+    /// RoPE scaling (`llama3`, `linear`, `yarn`, ...); only absent/`default`
+    /// is implemented, others are rejected by [`ModelConfig::validate`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<serde_json::Value>,
     /// MLX quantization: defaults plus per-module overrides keyed by module
     /// path (e.g. `"model.embed_tokens": {"group_size": 32, "bits": 8}`), as
     /// mlx-lm writes and reads it.
@@ -110,6 +114,18 @@ impl ModelConfig {
         ] {
             if v == 0 {
                 return Err(format!("`{name}` must be positive"));
+            }
+        }
+        if let Some(scaling) = self.rope_scaling.as_ref().filter(|v| !v.is_null()) {
+            let kind = scaling
+                .get("rope_type")
+                .or_else(|| scaling.get("type"))
+                .and_then(|v| v.as_str())
+                .unwrap_or("?");
+            if kind != "default" {
+                return Err(format!(
+                    "`rope_scaling` of type `{kind}` is not supported yet"
+                ));
             }
         }
         if !self

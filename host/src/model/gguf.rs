@@ -106,6 +106,12 @@ impl Gguf {
             None => tokens_len.ok_or_else(|| ModelError::invalid(&self.path, "no vocab size"))?,
         };
         let has_output = matches!(self.file.get_array("output.weight"), Ok(Some(_)));
+        if matches!(self.file.get_array("rope_freqs.weight"), Ok(Some(_))) {
+            return Err(ModelError::invalid(
+                &self.path,
+                "scaled RoPE (`rope_freqs`, Llama 3.1+) is not supported yet",
+            ));
+        }
         let eos = self.meta_u64("tokenizer.ggml.eos_token_id")?;
         let config = ModelConfig {
             model_type: a.clone(),
@@ -138,6 +144,7 @@ impl Gguf {
                 .map(|v| v as u32),
             torch_dtype: Some("float16".into()),
             quantization: None,
+            rope_scaling: None,
         };
         config
             .validate()
@@ -187,11 +194,23 @@ impl Gguf {
         let tokens = strings("tokenizer.ggml.tokens")?;
         let merges = strings("tokenizer.ggml.merges")?;
         let types: Vec<i32> = match self.file.get_metadata("tokenizer.ggml.token_type") {
-            Ok(Some(GgufMetadataValue::Array(a))) => {
-                a.as_dtype(mlx_rs::Dtype::Int32)?.as_slice::<i32>().to_vec()
-            }
+            Ok(Some(GgufMetadataValue::Array(a))) => a
+                .as_dtype(mlx_rs::Dtype::Int32)?
+                .try_as_slice::<i32>()
+                .map(|s| s.to_vec())
+                .unwrap_or_default(),
             _ => vec![1; tokens.len()],
         };
+        if types.len() != tokens.len() {
+            return Err(ModelError::invalid(
+                &self.path,
+                format!(
+                    "`tokenizer.ggml.token_type` has {} entries for {} tokens",
+                    types.len(),
+                    tokens.len()
+                ),
+            ));
+        }
         TextTokenizer::from_gguf_bpe(&tokens, &merges, &types)
     }
 
@@ -268,7 +287,7 @@ fn check_header(path: &Path) -> Result<()> {
         let key = read_string(&mut r, &mut pos, file_len).map_err(&bad)?;
         let ty = read_u32(&mut r).map_err(trunc)?;
         pos += 4;
-        let value = skip_value(&mut r, ty, &mut pos, file_len).map_err(&bad)?;
+        let value = skip_value(&mut r, ty, &mut pos, file_len, 0).map_err(&bad)?;
         if key == "general.alignment" {
             alignment = value.max(1);
         }
@@ -297,7 +316,7 @@ fn check_header(path: &Path) -> Result<()> {
     if data_start.saturating_add(data_needed) > file_len {
         return Err(bad(format!(
             "truncated: tensor data needs {} bytes, file has {file_len}",
-            data_start + data_needed
+            data_start.saturating_add(data_needed)
         )));
     }
     Ok(())
@@ -339,7 +358,11 @@ fn skip_value(
     ty: u32,
     pos: &mut u64,
     file_len: u64,
+    depth: u32,
 ) -> std::result::Result<u64, String> {
+    if depth > 4 {
+        return Err("GGUF metadata arrays nested too deeply".into());
+    }
     let trunc = |_| "truncated GGUF header".to_string();
     let fixed = |ty: u32| -> Option<u64> {
         match ty {
@@ -368,7 +391,7 @@ fn skip_value(
                 *pos += bytes;
             } else {
                 for _ in 0..n {
-                    skip_value(r, elem_ty, pos, file_len)?;
+                    skip_value(r, elem_ty, pos, file_len, depth + 1)?;
                 }
             }
             Ok(0)
@@ -387,12 +410,12 @@ fn skip_value(
 /// (F32, F16, Q4_0, Q4_1, Q8_0, BF16); `None` for the others.
 fn ggml_type_size(ty: u32, elems: u64) -> Option<u64> {
     let blocks = elems.div_ceil(32);
-    Some(match ty {
-        0 => elems * 4,
-        1 | 30 => elems * 2,
-        2 => blocks * 18,
-        3 => blocks * 20,
-        8 => blocks * 34,
-        _ => return None,
-    })
+    match ty {
+        0 => elems.checked_mul(4),
+        1 | 30 => elems.checked_mul(2),
+        2 => blocks.checked_mul(18),
+        3 => blocks.checked_mul(20),
+        8 => blocks.checked_mul(34),
+        _ => None,
+    }
 }

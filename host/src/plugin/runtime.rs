@@ -128,7 +128,7 @@ impl PluginHost {
             return Err(PluginError::MissingDir(dir.into()));
         }
         let engine = make_engine()?;
-        let ticker = start_ticker(&engine);
+        let ticker = start_ticker(&engine)?;
         let mut linker: Linker<PluginState> = Linker::new(&engine);
         super::bindings::sampler::SamplerPlugin::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s)
             .map_err(|e| PluginError::Engine(e.to_string()))?;
@@ -224,7 +224,9 @@ fn make_engine() -> Result<Engine, PluginError> {
     Engine::new(&config).map_err(|e| PluginError::Engine(e.to_string()))
 }
 
-fn start_ticker(engine: &Engine) -> Arc<EpochTicker> {
+/// Starts the thread that advances the epoch; without it deadlines would
+/// never fire, so failing to start it is an error.
+fn start_ticker(engine: &Engine) -> Result<Arc<EpochTicker>, PluginError> {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (e, s) = (engine.weak(), stop.clone());
     std::thread::Builder::new()
@@ -238,8 +240,8 @@ fn start_ticker(engine: &Engine) -> Arc<EpochTicker> {
                 }
             }
         })
-        .ok();
-    Arc::new(EpochTicker { stop })
+        .map_err(|e| PluginError::Engine(format!("starting the epoch ticker: {e}")))?;
+    Ok(Arc::new(EpochTicker { stop }))
 }
 
 /// Compiles a component, using `cache/<sha256>-<wasmtime version>.cwasm`

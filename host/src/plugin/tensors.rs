@@ -147,8 +147,11 @@ impl HostLogits for PluginState {
     }
 
     fn scale(&mut self, l: Resource<LogitsHandle>, temperature: f32) -> R<()> {
-        if !is_positive(temperature) || !temperature.is_finite() {
-            wasmtime::bail!("scale: temperature must be > 0, got {temperature}");
+        if !is_positive(temperature) || !temperature.is_finite() || !(1.0 / temperature).is_finite()
+        {
+            wasmtime::bail!(
+                "scale: temperature must be a positive normal number, got {temperature}"
+            );
         }
         let a = ops::multiply(self.logits(&l)?, Array::from_f32(1.0 / temperature))?;
         self.set(&l, a)
@@ -238,8 +241,7 @@ impl HostLogits for PluginState {
 
     fn top_k(&mut self, l: Resource<LogitsHandle>, k: u32) -> R<()> {
         let cur = self.logits(&l)?;
-        let v = vocab(cur) as i32;
-        if k == 0 || k as i32 >= v {
+        if k == 0 || k as usize >= vocab(cur) {
             return Ok(());
         }
         // The k-th largest value is the threshold (mlx-lm's apply_top_k keeps
@@ -277,6 +279,9 @@ impl HostLogits for PluginState {
     fn min_p(&mut self, l: Resource<LogitsHandle>, p: f32) -> R<()> {
         if !is_positive(p) {
             return Ok(());
+        }
+        if p > 1.0 {
+            wasmtime::bail!("min-p: p must be in (0, 1], got {p}");
         }
         // mlx-lm apply_min_p: keep tokens with logprob >= max + ln(p) (the top
         // token always survives, so at least one is kept).
@@ -344,8 +349,7 @@ impl HostLogits for PluginState {
 
     fn read_top(&mut self, l: Resource<LogitsHandle>, k: u32) -> R<Vec<(u32, f32)>> {
         let cur = self.logits(&l)?;
-        let v = vocab(cur) as i32;
-        let k = (k as i32).min(v);
+        let k = (k as usize).min(vocab(cur)) as i32;
         if k <= 0 {
             return Ok(Vec::new());
         }
