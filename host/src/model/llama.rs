@@ -222,24 +222,10 @@ impl Llama {
                 .transpose_axes(&[0, 2, 1, 3])?)
         };
         let offset = cache.offset() as i32;
-        let q = fast::rope(
-            heads(q, c.num_attention_heads)?,
-            d,
-            false,
-            c.rope_theta,
-            1.0,
-            offset,
-            None,
-        )?;
-        let k = fast::rope(
-            heads(k, c.num_key_value_heads)?,
-            d,
-            false,
-            c.rope_theta,
-            1.0,
-            offset,
-            None,
-        )?;
+        // Half-split (non-traditional) RoPE at this row's position.
+        let rope = |x: Array| fast::rope(x, d, false, c.rope_theta, 1.0, offset, None);
+        let q = rope(heads(q, c.num_attention_heads)?)?;
+        let k = rope(heads(k, c.num_key_value_heads)?)?;
         let v = heads(v, c.num_key_value_heads)?;
         let (keys, values) = cache.update(l, &k, &v)?;
         let scale = 1.0 / (d as f32).sqrt();

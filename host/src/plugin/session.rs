@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use mlx_rs::Array;
-use wasmtime::component::ResourceAny;
+use wasmtime::component::{Resource, ResourceAny};
 use wasmtime::Store;
 
 use super::bindings::processor::LogitsProcessorPlugin;
@@ -98,6 +98,41 @@ pub struct StepOutput {
     /// The logits after every processor and the sampler's own edits: the
     /// distribution the token was drawn from (`[V]`, lazy).
     pub final_logits: Array,
+}
+
+/// Lends the row's logits and history to one plugin's store for `call` (as
+/// borrowed handles), then takes the logits back, edited or not, whatever
+/// the call returned: handles never outlive the call in the guest's table.
+fn lend<R>(
+    store: &mut Store<PluginState>,
+    name: &str,
+    logits: Array,
+    ids: &[u32],
+    prompt_len: usize,
+    call: impl FnOnce(
+        &mut Store<PluginState>,
+        Resource<LogitsHandle>,
+        Resource<HistoryHandle>,
+    ) -> wasmtime::Result<R>,
+) -> Result<(wasmtime::Result<R>, Array), PluginError> {
+    let table = &mut store.data_mut().table;
+    let l = table
+        .push(LogitsHandle { array: logits })
+        .map_err(|e| failed(name, e))?;
+    let history = HistoryHandle {
+        ids: ids.to_vec(),
+        prompt_len,
+    };
+    let h = table.push(history).map_err(|e| failed(name, e))?;
+    let result = call(
+        store,
+        Resource::new_borrow(l.rep()),
+        Resource::new_borrow(h.rep()),
+    );
+    let table = &mut store.data_mut().table;
+    let _ = table.delete(h);
+    let logits = table.delete(l).map_err(|e| failed(name, e))?.array;
+    Ok((result, logits))
 }
 
 /// A row's processors and sampler for one request.
@@ -221,58 +256,41 @@ impl RowChain {
         let mut logits = logits;
         for p in &mut self.processors {
             p.store.set_epoch_deadline(self.deadline_ticks);
-            let table = &mut p.store.data_mut().table;
-            let l = table
-                .push(LogitsHandle { array: logits })
-                .map_err(|e| failed(&p.name, e))?;
-            let h = table
-                .push(HistoryHandle {
-                    ids: ids.to_vec(),
-                    prompt_len,
-                })
-                .map_err(|e| failed(&p.name, e))?;
-            let (l_rep, h_rep) = (l.rep(), h.rep());
-            let result = p
-                .bindings
-                .mlxhost_plugin_logits_processor()
-                .session()
-                .call_process(
-                    &mut p.store,
-                    p.session,
-                    wasmtime::component::Resource::new_borrow(l_rep),
-                    wasmtime::component::Resource::new_borrow(h_rep),
-                    step,
-                );
-            let table = &mut p.store.data_mut().table;
-            let _ = table.delete(h);
-            logits = table.delete(l).map_err(|e| failed(&p.name, e))?.array;
+            let (bindings, session) = (&p.bindings, p.session);
+            let (result, edited) = lend(
+                &mut p.store,
+                &p.name,
+                logits,
+                ids,
+                prompt_len,
+                |store, l, h| {
+                    bindings
+                        .mlxhost_plugin_logits_processor()
+                        .session()
+                        .call_process(store, session, l, h, step)
+                },
+            )?;
+            logits = edited;
             result
                 .map_err(|e| failed(&p.name, trap_cause(&e)))?
                 .map_err(|e| failed(&p.name, e.message))?;
         }
         let s = &mut self.sampler;
         s.store.set_epoch_deadline(self.deadline_ticks);
-        let table = &mut s.store.data_mut().table;
-        let l = table
-            .push(LogitsHandle { array: logits })
-            .map_err(|e| failed(&s.name, e))?;
-        let h = table
-            .push(HistoryHandle {
-                ids: ids.to_vec(),
-                prompt_len,
-            })
-            .map_err(|e| failed(&s.name, e))?;
-        let (l_rep, h_rep) = (l.rep(), h.rep());
-        let result = s.bindings.mlxhost_plugin_sampler().session().call_sample(
+        let (bindings, session) = (&s.bindings, s.session);
+        let (result, final_logits) = lend(
             &mut s.store,
-            s.session,
-            wasmtime::component::Resource::new_borrow(l_rep),
-            wasmtime::component::Resource::new_borrow(h_rep),
-            step,
-        );
-        let table = &mut s.store.data_mut().table;
-        let _ = table.delete(h);
-        let final_logits = table.delete(l).map_err(|e| failed(&s.name, e))?.array;
+            &s.name,
+            logits,
+            ids,
+            prompt_len,
+            |store, l, h| {
+                bindings
+                    .mlxhost_plugin_sampler()
+                    .session()
+                    .call_sample(store, session, l, h, step)
+            },
+        )?;
         let choice = result
             .map_err(|e| failed(&s.name, trap_cause(&e)))?
             .map_err(|e| failed(&s.name, e.message))?;
