@@ -9,6 +9,7 @@
 
 pub mod cache;
 pub mod engine;
+pub mod logprobs;
 pub mod model;
 pub mod paths;
 pub mod plugin;

@@ -1,7 +1,7 @@
 //! Facts about the MLX runtime this process linked.
 
-/// Whether MLX has a GPU backend here (Metal or CUDA).
-pub fn gpu_available() -> bool {
+/// `(metal, cuda)`: which GPU backends this libmlx has.
+fn gpu_backends() -> (bool, bool) {
     let mut metal = false;
     let mut cuda = false;
     // SAFETY: both functions write one bool through a valid pointer.
@@ -9,24 +9,21 @@ pub fn gpu_available() -> bool {
         mlx_sys::mlx_metal_is_available(&mut metal);
         mlx_sys::mlx_cuda_is_available(&mut cuda);
     }
+    (metal, cuda)
+}
+
+/// Whether MLX has a GPU backend here (Metal or CUDA).
+pub fn gpu_available() -> bool {
+    let (metal, cuda) = gpu_backends();
     metal || cuda
 }
 
 /// Name of the backend for logs: `metal`, `cuda` or `cpu`.
 pub fn backend_name() -> &'static str {
-    let mut metal = false;
-    let mut cuda = false;
-    // SAFETY: as above.
-    unsafe {
-        mlx_sys::mlx_metal_is_available(&mut metal);
-        mlx_sys::mlx_cuda_is_available(&mut cuda);
-    }
-    if metal {
-        "metal"
-    } else if cuda {
-        "cuda"
-    } else {
-        "cpu"
+    match gpu_backends() {
+        (true, _) => "metal",
+        (_, true) => "cuda",
+        _ => "cpu",
     }
 }
 

@@ -8,11 +8,7 @@
 //! natural log, log-softmax of the raw logits at the position before each
 //! token.
 
-use mlx_rs::{
-    ops::{self, indexing::IndexOp},
-    transforms::eval,
-    Array,
-};
+use mlx_rs::{ops, transforms::eval, Array};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{ChatMessage, LoadedModel, ModelError, RowInput};
@@ -213,12 +209,8 @@ pub fn steps_from_logits(
     let vocab = lp.shape()[1];
     let k = (top_k as i32).min(vocab);
     let (top_idx, top_val) = if k > 0 {
-        let neg = ops::negative(&lp)?;
-        let idx = ops::argpartition_axis(&neg, k - 1, -1)?
-            .index((.., ..k))
-            .contiguous()?;
-        let vals = lp.take_along_axis(&idx, -1)?.contiguous()?;
-        (Some(idx.as_dtype(mlx_rs::Dtype::Uint32)?), Some(vals))
+        let (idx, vals) = crate::logprobs::top_k(&lp, k)?;
+        (Some(idx), Some(vals))
     } else {
         (None, None)
     };
@@ -234,8 +226,7 @@ pub fn steps_from_logits(
             let k = k as usize;
             let ids = &idx.as_slice::<u32>()[r * k..(r + 1) * k];
             let vals = &val.as_slice::<f32>()[r * k..(r + 1) * k];
-            top = ids.iter().copied().zip(vals.iter().copied()).collect();
-            top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            top = crate::logprobs::sorted_pairs(ids, vals);
         }
         steps.push(Step {
             token,

@@ -204,12 +204,10 @@ pub fn generate(
         let raw_at = raw_lp.take_axis(&token_arr, -1)?;
         let sampled_at = sampled_lp.take_axis(&token_arr, -1)?;
         let top = if req.top_logprobs > 0 {
-            let k = req.top_logprobs.min(vocab) as i32;
-            let idx = mlx_rs::ops::argpartition_axis(&mlx_rs::ops::negative(&raw_lp)?, k - 1, -1)?
-                .index(..k)
-                .contiguous()?;
-            let vals = raw_lp.take_axis(&idx, -1)?.contiguous()?;
-            Some((idx.as_dtype(Dtype::Uint32)?, vals))
+            Some(crate::logprobs::top_k(
+                &raw_lp,
+                req.top_logprobs.min(vocab) as i32,
+            )?)
         } else {
             None
         };
@@ -235,14 +233,10 @@ pub fn generate(
         generated += 1;
         let mut top_pairs = Vec::new();
         if let Some((i, v)) = &top {
-            top_pairs = i
-                .try_as_slice::<u32>()
-                .unwrap_or(&[])
-                .iter()
-                .copied()
-                .zip(v.try_as_slice::<f32>().unwrap_or(&[]).iter().copied())
-                .collect();
-            top_pairs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            top_pairs = crate::logprobs::sorted_pairs(
+                i.try_as_slice::<u32>().unwrap_or(&[]),
+                v.try_as_slice::<f32>().unwrap_or(&[]),
+            );
         }
         on_event(GenerateEvent::Token(TokenInfo {
             id,

@@ -151,6 +151,17 @@ fn failed(plugin: &str, cause: impl std::fmt::Display) -> PluginError {
     }
 }
 
+/// A plugin call's outcome as the request sees it: a trap (or host error)
+/// and an error the plugin returned both fail with the plugin's name.
+fn outcome<T>(
+    name: &str,
+    result: wasmtime::Result<Result<T, wit::PluginError>>,
+) -> Result<T, PluginError> {
+    result
+        .map_err(|e| failed(name, trap_cause(&e)))?
+        .map_err(|e| failed(name, e.message))
+}
+
 /// Trap causes in words users understand.
 fn trap_cause(e: &wasmtime::Error) -> String {
     if let Some(trap) = e.downcast_ref::<wasmtime::Trap>() {
@@ -200,12 +211,13 @@ impl RowChain {
                 .instantiate(&mut store)
                 .map_err(|e| failed(name, trap_cause(&e)))?;
             let extra = extra_for(name, p.manifest.defaults_json());
-            let session = bindings
-                .mlxhost_plugin_logits_processor()
-                .session()
-                .call_create(&mut store, &params.to_wit(&extra))
-                .map_err(|e| failed(name, trap_cause(&e)))?
-                .map_err(|e| failed(name, e.message))?;
+            let session = outcome(
+                name,
+                bindings
+                    .mlxhost_plugin_logits_processor()
+                    .session()
+                    .call_create(&mut store, &params.to_wit(&extra)),
+            )?;
             procs.push(ProcessorInstance {
                 name: name.clone(),
                 store,
@@ -223,12 +235,13 @@ impl RowChain {
             .instantiate(&mut store)
             .map_err(|e| failed(sampler, trap_cause(&e)))?;
         let extra = extra_for(sampler, p.manifest.defaults_json());
-        let session = bindings
-            .mlxhost_plugin_sampler()
-            .session()
-            .call_create(&mut store, &params.to_wit(&extra))
-            .map_err(|e| failed(sampler, trap_cause(&e)))?
-            .map_err(|e| failed(sampler, e.message))?;
+        let session = outcome(
+            sampler,
+            bindings
+                .mlxhost_plugin_sampler()
+                .session()
+                .call_create(&mut store, &params.to_wit(&extra)),
+        )?;
         Ok(RowChain {
             processors: procs,
             sampler: SamplerInstance {
@@ -271,9 +284,7 @@ impl RowChain {
                 },
             )?;
             logits = edited;
-            result
-                .map_err(|e| failed(&p.name, trap_cause(&e)))?
-                .map_err(|e| failed(&p.name, e.message))?;
+            outcome(&p.name, result)?;
         }
         let s = &mut self.sampler;
         s.store.set_epoch_deadline(self.deadline_ticks);
@@ -291,9 +302,7 @@ impl RowChain {
                     .call_sample(store, session, l, h, step)
             },
         )?;
-        let choice = result
-            .map_err(|e| failed(&s.name, trap_cause(&e)))?
-            .map_err(|e| failed(&s.name, e.message))?;
+        let choice = outcome(&s.name, result)?;
         let token = match choice {
             Choice::Device(t) => Chosen::Device(
                 s.store

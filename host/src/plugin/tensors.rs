@@ -88,6 +88,14 @@ fn dense(vocab: usize, ids: &[u32], values: &[f32], fill: f32, accumulate: bool)
     Array::from_slice(&v, &[vocab as i32])
 }
 
+/// A `[V]` boolean mask, true at `ids` (ids >= V ignored).
+fn id_mask(vocab: usize, ids: &[u32]) -> mlx_rs::error::Result<Array> {
+    ops::gt(
+        dense(vocab, ids, &vec![1.0; ids.len()], 0.0, false),
+        Array::from_f32(0.5),
+    )
+}
+
 fn vocab(a: &Array) -> usize {
     a.shape().first().copied().unwrap_or(0) as usize
 }
@@ -169,15 +177,13 @@ impl HostLogits for PluginState {
 
     fn ban(&mut self, l: Resource<LogitsHandle>, ids: Vec<u32>) -> R<()> {
         let cur = self.logits(&l)?;
-        let mask = dense(vocab(cur), &ids, &vec![1.0; ids.len()], 0.0, false);
-        let a = ops::select(&ops::gt(&mask, Array::from_f32(0.5))?, neg_inf(), cur)?;
+        let a = ops::select(&id_mask(vocab(cur), &ids)?, neg_inf(), cur)?;
         self.set(&l, a)
     }
 
     fn allow_only(&mut self, l: Resource<LogitsHandle>, ids: Vec<u32>) -> R<()> {
         let cur = self.logits(&l)?;
-        let mask = dense(vocab(cur), &ids, &vec![1.0; ids.len()], 0.0, false);
-        let a = ops::select(&ops::gt(&mask, Array::from_f32(0.5))?, cur, neg_inf())?;
+        let a = ops::select(&id_mask(vocab(cur), &ids)?, cur, neg_inf())?;
         self.set(&l, a)
     }
 
@@ -202,10 +208,7 @@ impl HostLogits for PluginState {
         if ids.is_empty() {
             return Ok(());
         }
-        let mask = ops::gt(
-            dense(v, &ids, &vec![1.0; ids.len()], 0.0, false),
-            Array::from_f32(0.5),
-        )?;
+        let mask = id_mask(v, &ids)?;
         let penalized = ops::select(
             &ops::gt(cur, Array::from_f32(0.0))?,
             ops::divide(cur, Array::from_f32(penalty))?,
@@ -317,10 +320,7 @@ impl HostLogits for PluginState {
         let min_above = ops::min_axis(&ops::select(&above, &probs, &inf)?, -1, true)?;
         let mut remove = ops::gt(&probs, &min_above)?;
         if !keep.is_empty() {
-            let protect = ops::gt(
-                dense(v, &keep, &vec![1.0; keep.len()], 0.0, false),
-                Array::from_f32(0.5),
-            )?;
+            let protect = id_mask(v, &keep)?;
             remove = ops::logical_and(&remove, &ops::logical_not(&protect)?)?;
         }
         let draw = random::uniform::<f32, f32>(0.0, 1.0, &[], Some(&step_key(seed, step, 2)?))?;
@@ -353,20 +353,12 @@ impl HostLogits for PluginState {
         if k <= 0 {
             return Ok(Vec::new());
         }
-        let idx = ops::argpartition_axis(&ops::negative(cur)?, k - 1, -1)?
-            .index(..k)
-            .contiguous()?;
-        let vals = cur.take_axis(&idx, -1)?.contiguous()?;
-        let idx = idx.as_dtype(Dtype::Uint32)?;
+        let (idx, vals) = crate::logprobs::top_k(cur, k)?;
         mlx_rs::transforms::eval([&idx, &vals])?;
-        let mut out: Vec<(u32, f32)> = idx
-            .try_as_slice::<u32>()?
-            .iter()
-            .copied()
-            .zip(vals.try_as_slice::<f32>()?.iter().copied())
-            .collect();
-        out.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        Ok(out)
+        Ok(crate::logprobs::sorted_pairs(
+            idx.try_as_slice::<u32>()?,
+            vals.try_as_slice::<f32>()?,
+        ))
     }
 
     fn read_value(&mut self, l: Resource<LogitsHandle>, id: u32) -> R<f32> {
