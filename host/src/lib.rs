@@ -2,7 +2,8 @@
 //!
 //! Modules, one concern each: [`model`] (config, weights, tokenizer, chat
 //! template, architectures), [`cache`] (KV cache kinds), [`score`]
-//! (teacher-forced log-likelihoods), [`runtime`] (backend facts),
+//! (teacher-forced log-likelihoods), [`engine`] (the decode loop),
+//! [`plugin`] (the WASM host), [`server`] (HTTP), [`runtime`] (backend facts),
 //! [`paths`] (cache locations).
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
@@ -15,3 +16,4 @@ pub mod paths;
 pub mod plugin;
 pub mod runtime;
 pub mod score;
+pub mod server;

@@ -5,6 +5,7 @@ mod convert;
 mod generate;
 mod plugins;
 mod score;
+mod serve;
 
 use std::path::PathBuf;
 
@@ -29,6 +30,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Generate a chat reply, every token chosen by a sampler plugin; streams to stdout.
     Generate(generate::GenerateArgs),
+    /// Serve the model over HTTP; API dialects come from adapter plugins.
+    Serve(serve::ServeArgs),
     /// Inspect a plugins directory.
     #[command(subcommand)]
     Plugins(plugins::PluginsCommand),
@@ -91,19 +94,27 @@ impl ModelArgs {
 /// Parses arguments, runs the command, maps errors to exit code 1 with the
 /// message on stderr.
 pub fn run() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    // The server logs each request (with its id) by default; one-shot
+    // commands only warn.
+    let default_filter = match cli.command {
+        Command::Serve(_) => "info,wasmtime=warn,cranelift=warn",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("MLXHOST_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
     let result = match cli.command {
         Command::Score(a) => score::run(a),
         Command::Convert(a) => convert::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Generate(a) => generate::run(a),
+        Command::Serve(a) => serve::run(a),
         Command::Plugins(c) => plugins::run(c),
     };
     match result {

@@ -60,6 +60,8 @@ pub struct TokenInfo {
 /// Streamed to the caller during generation.
 #[derive(Debug, Clone)]
 pub enum GenerateEvent {
+    /// The plugin chain accepted the request; prefill begins.
+    Started,
     /// Text that is final (stop strings already excluded).
     Text(String),
     /// A token was chosen (before its text is known to be final).
@@ -81,6 +83,18 @@ pub struct GenerateSummary {
     pub decode: Duration,
     /// Time inside plugin calls.
     pub plugin_time: Duration,
+}
+
+impl GenerateSummary {
+    /// Decode speed, tokens per second (0 when nothing was decoded).
+    pub fn decode_tok_s(&self) -> f64 {
+        let s = self.decode.as_secs_f64();
+        if s > 0.0 {
+            self.completion_tokens as f64 / s
+        } else {
+            0.0
+        }
+    }
 }
 
 /// Errors that fail a generation.
@@ -151,6 +165,7 @@ pub fn generate(
         &params,
         &req.plugin_params,
     )?;
+    on_event(GenerateEvent::Started);
 
     // Prefill in chunks; logits only for the last prompt position.
     let started = Instant::now();

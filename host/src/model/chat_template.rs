@@ -18,7 +18,7 @@ pub struct ChatMessage {
 }
 
 /// A compiled chat template.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,

@@ -126,6 +126,38 @@ impl TextTokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// The exact bytes token `id` stands for (a byte-level token may be part
+    /// of a UTF-8 character, so this is not always valid UTF-8). Byte-level
+    /// BPE pieces are mapped back through GPT-2's `bytes_to_unicode` table
+    /// (openai/gpt-2 `encoder.py`); SentencePiece pieces map `▁` to a space
+    /// and `<0xNN>` to byte NN; added/special tokens are their text.
+    /// Unknown ids give an empty vector.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let Some(piece) = self.inner.id_to_token(id) else {
+            return Vec::new();
+        };
+        let is_added = self.inner.get_added_tokens_decoder().contains_key(&id);
+        let byte_level = matches!(
+            self.inner.get_decoder(),
+            Some(tokenizers::DecoderWrapper::ByteLevel(_))
+        );
+        if is_added {
+            return piece.into_bytes();
+        }
+        if byte_level {
+            if let Some(bytes) = piece.chars().map(byte_of_unicode).collect::<Option<Vec<u8>>>() {
+                return bytes;
+            }
+            return piece.into_bytes();
+        }
+        if let Some(hex) = piece.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')) {
+            if let Ok(b) = u8::from_str_radix(hex, 16) {
+                return vec![b];
+            }
+        }
+        piece.replace('\u{2581}', " ").into_bytes()
+    }
+
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
@@ -144,5 +176,36 @@ impl TextTokenizer {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         self.inner.to_string(false).unwrap_or_default().hash(&mut h);
         h.finish()
+    }
+}
+
+/// Inverse of GPT-2's `bytes_to_unicode`: printable bytes (`!`..=`~`,
+/// `¡`..=`¬`, `®`..=`ÿ`) stand for themselves; the other 68 bytes were
+/// shifted to U+0100.. in byte order.
+fn byte_of_unicode(c: char) -> Option<u8> {
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let code = c as u32;
+    if printable(code) {
+        return u8::try_from(code).ok();
+    }
+    let shifted = code.checked_sub(256)?;
+    (0u32..=255)
+        .filter(|&b| !printable(b))
+        .nth(shifted as usize)
+        .and_then(|b| u8::try_from(b).ok())
+}
+
+#[cfg(test)]
+mod byte_level_tests {
+    use super::byte_of_unicode;
+
+    #[test]
+    fn gpt2_byte_map_round_trips() {
+        // 'Ġ' (U+0120) is the space byte, 'Ċ' (U+010A) the newline.
+        assert_eq!(byte_of_unicode('\u{120}'), Some(b' '));
+        assert_eq!(byte_of_unicode('\u{10A}'), Some(b'\n'));
+        assert_eq!(byte_of_unicode('a'), Some(b'a'));
+        assert_eq!(byte_of_unicode('\u{100}'), Some(0));
+        assert_eq!(byte_of_unicode('\u{4e00}'), None);
     }
 }

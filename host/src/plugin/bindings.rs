@@ -28,3 +28,14 @@ pub mod processor {
         },
     });
 }
+
+/// The `api-adapter-plugin` world (imports nothing but the shared types).
+pub mod adapter {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "api-adapter-plugin",
+        with: {
+            "mlxhost:plugin/types": crate::plugin::bindings::sampler::mlxhost::plugin::types,
+        },
+    });
+}

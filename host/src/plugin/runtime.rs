@@ -18,7 +18,9 @@ use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimitsBuilder,
 };
 
-use super::bindings::{processor::LogitsProcessorPluginPre, sampler::SamplerPluginPre};
+use super::bindings::{
+    adapter::ApiAdapterPluginPre, processor::LogitsProcessorPluginPre, sampler::SamplerPluginPre,
+};
 use super::manifest::{Kind, Manifest};
 use super::tensors::PluginState;
 
@@ -32,6 +34,9 @@ pub struct PluginLimits {
     pub memory_bytes: usize,
     /// Deadline per sampler/processor call.
     pub call_deadline: Duration,
+    /// Linear memory cap per API-adapter instance, bytes (an adapter holds
+    /// the request body and its parse).
+    pub adapter_memory_bytes: usize,
 }
 
 impl Default for PluginLimits {
@@ -39,6 +44,7 @@ impl Default for PluginLimits {
         PluginLimits {
             memory_bytes: 64 << 20,
             call_deadline: Duration::from_millis(1000),
+            adapter_memory_bytes: 256 << 20,
         }
     }
 }
@@ -68,6 +74,15 @@ pub enum PluginError {
         /// What happened.
         cause: String,
     },
+    /// The plugin rejected the request's parameters (its session's `create`
+    /// returned an error): the client's fault, a 400 over HTTP.
+    #[error("plugin `{plugin}` rejected its parameters: {cause}")]
+    Rejected {
+        /// Plugin name.
+        plugin: String,
+        /// What the plugin said.
+        cause: String,
+    },
     /// The wasmtime engine could not be set up.
     #[error("plugin engine: {0}")]
     Engine(String),
@@ -83,6 +98,10 @@ pub struct LoadedPlugin {
     pub sampler: Option<SamplerPluginPre<PluginState>>,
     /// Logits-processor world, if declared.
     pub processor: Option<LogitsProcessorPluginPre<PluginState>>,
+    /// API-adapter world, if declared.
+    pub adapter: Option<ApiAdapterPluginPre<PluginState>>,
+    /// The adapter's routes as (method, path), asked once at load.
+    pub routes: Vec<(String, String)>,
     /// Whether the compiled component came from the on-disk cache.
     pub from_cache: bool,
 }
@@ -142,7 +161,7 @@ impl PluginHost {
             .collect();
         entries.sort();
         for pdir in entries {
-            match load_one(&engine, &linker, &pdir, &cache) {
+            match load_one(&engine, &linker, &pdir, &cache, limits) {
                 Ok(p) => {
                     if plugins.contains_key(&p.manifest.name) {
                         skipped.push(Skipped {
@@ -170,19 +189,23 @@ impl PluginHost {
 
     /// A fresh store for one instance, with this host's limits.
     pub fn new_store(&self) -> Store<PluginState> {
-        let limits = StoreLimitsBuilder::new()
-            .memory_size(self.limits.memory_bytes)
-            .instances(4)
-            .build();
-        let mut store = Store::new(&self.engine, PluginState::new(limits));
-        store.limiter(|s| &mut s.limits);
-        store.set_epoch_deadline(self.deadline_ticks());
-        store
+        new_store(&self.engine, self.limits)
+    }
+
+    /// A fresh store for one API-adapter instance (its own memory cap).
+    pub fn new_adapter_store(&self) -> Store<PluginState> {
+        new_store(
+            &self.engine,
+            PluginLimits {
+                memory_bytes: self.limits.adapter_memory_bytes,
+                ..self.limits
+            },
+        )
     }
 
     /// The per-call deadline in epoch ticks.
     pub fn deadline_ticks(&self) -> u64 {
-        (self.limits.call_deadline.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64 + 1
+        deadline_ticks(self.limits)
     }
 
     /// The loaded plugin `name` if it implements `kind`.
@@ -209,6 +232,21 @@ impl PluginHost {
             }
         }
     }
+}
+
+fn new_store(engine: &Engine, limits: PluginLimits) -> Store<PluginState> {
+    let store_limits = StoreLimitsBuilder::new()
+        .memory_size(limits.memory_bytes)
+        .instances(4)
+        .build();
+    let mut store = Store::new(engine, PluginState::new(store_limits));
+    store.limiter(|s| &mut s.limits);
+    store.set_epoch_deadline(deadline_ticks(limits));
+    store
+}
+
+fn deadline_ticks(limits: PluginLimits) -> u64 {
+    (limits.call_deadline.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64 + 1
 }
 
 fn make_engine() -> Result<Engine, PluginError> {
@@ -283,6 +321,7 @@ fn load_one(
     linker: &Linker<PluginState>,
     dir: &Path,
     cache: &Path,
+    limits: PluginLimits,
 ) -> Result<LoadedPlugin, String> {
     let manifest = Manifest::load(dir)?;
     let path = dir.join(&manifest.component);
@@ -295,6 +334,8 @@ fn load_one(
     let (component, from_cache) = compile_cached(engine, &path, cache)?;
     let mut sampler = None;
     let mut processor = None;
+    let mut adapter = None;
+    let mut routes = Vec::new();
     for kind in &manifest.kinds {
         match kind {
             Kind::Sampler => {
@@ -314,7 +355,16 @@ fn load_one(
                     format!("does not export the logits-processor interface: {e:#}")
                 })?);
             }
-            Kind::ToolCallParser | Kind::ApiAdapter => {
+            Kind::ApiAdapter => {
+                let pre = linker
+                    .instantiate_pre(&component)
+                    .map_err(|e| format!("does not fit the api-adapter-plugin world: {e:#}"))?;
+                let pre = ApiAdapterPluginPre::new(pre)
+                    .map_err(|e| format!("does not export the api-adapter interface: {e:#}"))?;
+                routes = adapter_routes(engine, &pre, limits)?;
+                adapter = Some(pre);
+            }
+            Kind::ToolCallParser => {
                 return Err(format!(
                     "kind `{kind}` is declared by WIT 0.1.0 but not served by this host yet"
                 ));
@@ -326,6 +376,37 @@ fn load_one(
         dir: dir.into(),
         sampler,
         processor,
+        adapter,
+        routes,
         from_cache,
     })
+}
+
+/// Asks an adapter for its routes (a smoke call at load: an adapter that
+/// traps here is skipped). Routes must be `GET`/`POST` on an absolute path.
+fn adapter_routes(
+    engine: &Engine,
+    pre: &ApiAdapterPluginPre<PluginState>,
+    limits: PluginLimits,
+) -> Result<Vec<(String, String)>, String> {
+    let mut store = new_store(engine, limits);
+    let bindings = pre
+        .instantiate(&mut store)
+        .map_err(|e| format!("instantiation failed: {e:#}"))?;
+    let routes = bindings
+        .mlxhost_plugin_api_adapter()
+        .call_routes(&mut store)
+        .map_err(|e| format!("`routes` failed: {e:#}"))?;
+    let mut out = Vec::with_capacity(routes.len());
+    for r in routes {
+        let method = r.method.to_ascii_uppercase();
+        if !matches!(method.as_str(), "GET" | "POST") || !r.path.starts_with('/') {
+            return Err(format!(
+                "route `{} {}` is invalid (GET or POST on an absolute path)",
+                r.method, r.path
+            ));
+        }
+        out.push((method, r.path));
+    }
+    Ok(out)
 }

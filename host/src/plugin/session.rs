@@ -36,6 +36,16 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
     /// Ids XTC never removes (EOS ids, newline).
     pub xtc_special_ids: Vec<u32>,
+    /// Hugging Face repetition penalty; 1.0 = off.
+    pub repetition_penalty: f32,
+    /// History tokens the repetition penalty looks at.
+    pub repetition_context_size: u32,
+    /// OpenAI presence penalty; 0.0 = off.
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty; 0.0 = off.
+    pub frequency_penalty: f32,
+    /// OpenAI `logit_bias`: (token id, bias).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -49,6 +59,11 @@ impl Default for SamplingParams {
             xtc_threshold: 0.0,
             seed: None,
             xtc_special_ids: Vec::new(),
+            repetition_penalty: 1.0,
+            repetition_context_size: 20,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -64,6 +79,11 @@ impl SamplingParams {
             xtc_threshold: self.xtc_threshold,
             seed: self.seed,
             xtc_special_ids: self.xtc_special_ids.clone(),
+            repetition_penalty: self.repetition_penalty,
+            repetition_context_size: self.repetition_context_size,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            logit_bias: self.logit_bias.clone(),
             extra: extra.to_string(),
         }
     }
@@ -162,6 +182,21 @@ fn outcome<T>(
         .map_err(|e| failed(name, e.message))
 }
 
+/// A session's `create` outcome: an error the plugin returned means the
+/// request's parameters are bad ([`PluginError::Rejected`]); a trap is a
+/// plugin failure.
+fn created<T>(
+    name: &str,
+    result: wasmtime::Result<Result<T, wit::PluginError>>,
+) -> Result<T, PluginError> {
+    result
+        .map_err(|e| failed(name, trap_cause(&e)))?
+        .map_err(|e| PluginError::Rejected {
+            plugin: name.to_string(),
+            cause: e.message,
+        })
+}
+
 /// Trap causes in words users understand.
 fn trap_cause(e: &wasmtime::Error) -> String {
     if let Some(trap) = e.downcast_ref::<wasmtime::Trap>() {
@@ -211,7 +246,7 @@ impl RowChain {
                 .instantiate(&mut store)
                 .map_err(|e| failed(name, trap_cause(&e)))?;
             let extra = extra_for(name, p.manifest.defaults_json());
-            let session = outcome(
+            let session = created(
                 name,
                 bindings
                     .mlxhost_plugin_logits_processor()
@@ -235,7 +270,7 @@ impl RowChain {
             .instantiate(&mut store)
             .map_err(|e| failed(sampler, trap_cause(&e)))?;
         let extra = extra_for(sampler, p.manifest.defaults_json());
-        let session = outcome(
+        let session = created(
             sampler,
             bindings
                 .mlxhost_plugin_sampler()

@@ -37,6 +37,18 @@ pub mod processor {
     });
 }
 
+/// Bindings for the `api-adapter-plugin` world (no imports: an adapter only
+/// transforms bytes and canonical records).
+pub mod adapter {
+    wit_bindgen::generate!({
+        path: "../../wit",
+        world: "api-adapter-plugin",
+        pub_export_macro: true,
+        export_macro_name: "export_adapter",
+        default_bindings_module: "mlxhost_plugin_sdk::adapter",
+    });
+}
+
 /// Parses a plugin's `extra` parameters (a JSON object) into `(key, value)`
 /// number pairs, for plugins that take simple numeric options without a JSON
 /// dependency. Non-numeric values are returned as errors naming the key.

@@ -1,0 +1,144 @@
+//! `mlxhost serve`: the HTTP server. Routes come from API adapter plugins
+//! (`--plugins`); `/health` is the host's.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use mlxhost::plugin::{Kind, PluginHost, PluginLimits};
+use mlxhost::server::{self, Defaults, ServeConfig};
+
+use super::ModelArgs;
+
+/// Arguments of `mlxhost serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Plugins directory (one folder per plugin): samplers, processors and
+    /// the API adapters whose routes are served.
+    #[arg(long, default_value = "plugins", env = "MLXHOST_PLUGINS")]
+    plugins: PathBuf,
+    /// Address to listen on (loopback by default; `0.0.0.0` exposes the server).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// The model id clients see (`model` in responses, `/v1/models`);
+    /// default: the model file or directory name.
+    #[arg(long, alias = "served-model-name")]
+    model_id: Option<String>,
+    /// Default sampler plugin when a request names none.
+    #[arg(long, default_value = "standard")]
+    sampler: String,
+    /// Default temperature when a request omits it (OpenAI's default is 1.0).
+    #[arg(long, alias = "temperature", default_value_t = 1.0)]
+    temp: f32,
+    /// Default top-p when a request omits it (1.0 = off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Default top-k when a request omits it (0 = off).
+    #[arg(long, default_value_t = 0)]
+    top_k: u32,
+    /// Default min-p when a request omits it (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    /// Default seed when a request omits it (none: a fresh seed per request).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Cap on generated tokens when a request omits `max_tokens`.
+    #[arg(long, default_value_t = 512)]
+    max_tokens: usize,
+    /// System message added to requests that have none.
+    #[arg(long, alias = "system-prompt")]
+    system: Option<String>,
+    /// Largest accepted request body, MiB (larger: 413).
+    #[arg(long, default_value_t = 32)]
+    body_limit: usize,
+    /// After SIGTERM/SIGINT, seconds in-flight requests may take to finish
+    /// before they are cancelled.
+    #[arg(long, default_value_t = 30)]
+    shutdown_timeout: u64,
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    if !(args.temp >= 0.0) {
+        anyhow::bail!("--temp must be >= 0, got {}", args.temp);
+    }
+    if args.max_tokens == 0 {
+        anyhow::bail!("--max-tokens must be at least 1");
+    }
+    let plugins = Arc::new(
+        PluginHost::load_dir(&args.plugins, PluginLimits::default()).context("--plugins")?,
+    );
+    for s in &plugins.skipped {
+        eprintln!("warning: plugin {} skipped: {}", s.dir.display(), s.reason);
+    }
+    if let Err(e) = plugins.get(&args.sampler, Kind::Sampler) {
+        anyhow::bail!("--sampler {}: {e}", args.sampler);
+    }
+    let adapters = plugins
+        .plugins
+        .values()
+        .filter(|p| p.manifest.kinds.contains(&Kind::ApiAdapter))
+        .count();
+    if adapters == 0 {
+        eprintln!(
+            "warning: no API adapter plugin in {}: only /health is served",
+            args.plugins.display()
+        );
+    }
+    let model_args = args.model.clone();
+    let model_id = args.model_id.clone().unwrap_or_else(|| {
+        let path = model_args.path();
+        let name = if path.is_dir() {
+            path.file_name()
+        } else {
+            path.file_stem()
+        };
+        name.map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
+    });
+    let load = Box::new(move || {
+        model_args
+            .load(false)
+            .map(|m| (m, model_id))
+            .map_err(|e| format!("{e:#}"))
+    });
+    let config = ServeConfig {
+        addr: SocketAddr::new(args.host, args.port),
+        plugins: plugins.clone(),
+        defaults: Defaults {
+            temperature: args.temp,
+            top_p: args.top_p,
+            top_k: args.top_k,
+            min_p: args.min_p,
+            seed: args.seed,
+            max_tokens: args.max_tokens,
+            sampler: args.sampler.clone(),
+            system: args.system.clone(),
+        },
+        body_limit: args.body_limit << 20,
+        drain: Duration::from_secs(args.shutdown_timeout),
+    };
+    let summary_plugins = plugins.clone();
+    server::run(config, load, move |ready| {
+        let f = &ready.frontend;
+        eprintln!(
+            "mlxhost: serving {} ({} compute, context {} tokens) at http://{}",
+            f.model_id, f.compute, f.context, ready.addr
+        );
+        for p in summary_plugins.plugins.values() {
+            let kinds: Vec<String> = p.manifest.kinds.iter().map(|k| k.to_string()).collect();
+            eprintln!("  plugin {:<16} {}", p.manifest.name, kinds.join(", "));
+        }
+        eprintln!("  route  GET  /health");
+        for (method, path, adapter) in &ready.routes {
+            eprintln!("  route  {method:<4} {path}  ({adapter})");
+        }
+    })?;
+    Ok(())
+}

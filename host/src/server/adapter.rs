@@ -1,0 +1,175 @@
+//! One API-adapter instance serving one HTTP request: `handle`, then
+//! `render` or `render-stream` per update, or `render-error`. Every call has
+//! the plugin epoch deadline; a trap or a malformed return fails the
+//! request with the adapter's name, and the host falls back to its own
+//! error body (the adapter cannot be trusted to render it).
+
+use wasmtime::Store;
+
+use crate::plugin::bindings::adapter::exports::mlxhost::plugin::api_adapter as wit;
+use crate::plugin::bindings::adapter::ApiAdapterPlugin;
+use crate::plugin::tensors::PluginState;
+use crate::plugin::{Kind, PluginError, PluginHost};
+
+pub use wit::{
+    Action, ApiError, ErrorKind, GenerationRequest, GenerationUpdate, HttpRequest, HttpResponse,
+    RequestContext, SseEvent, TokenLogprob, TopLogprob, Usage,
+};
+
+/// A live adapter instance for one request.
+pub struct AdapterCall {
+    name: String,
+    store: Store<PluginState>,
+    bindings: ApiAdapterPlugin,
+    deadline_ticks: u64,
+    /// What the adapter is told about this request.
+    pub ctx: RequestContext,
+}
+
+fn failed(name: &str, what: &str, e: impl std::fmt::Display) -> PluginError {
+    PluginError::Failed {
+        plugin: name.to_string(),
+        cause: format!("`{what}` failed: {e}"),
+    }
+}
+
+impl AdapterCall {
+    /// Instantiates adapter `name` (~microseconds from the pre-instantiated
+    /// component). Errors: unknown name, or instantiation failure.
+    pub fn new(host: &PluginHost, name: &str, ctx: RequestContext) -> Result<Self, PluginError> {
+        let plugin = host.get(name, Kind::ApiAdapter)?;
+        let pre = plugin
+            .adapter
+            .as_ref()
+            .ok_or_else(|| failed(name, "instantiate", "no api-adapter world"))?;
+        let mut store = host.new_adapter_store();
+        let bindings = pre
+            .instantiate(&mut store)
+            .map_err(|e| failed(name, "instantiate", format!("{e:#}")))?;
+        Ok(AdapterCall {
+            name: name.into(),
+            store,
+            bindings,
+            deadline_ticks: host.deadline_ticks(),
+            ctx,
+        })
+    }
+
+    /// The adapter's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `handle`: the request as an action.
+    pub fn handle(&mut self, req: &HttpRequest) -> Result<Action, PluginError> {
+        self.store.set_epoch_deadline(self.deadline_ticks);
+        let action = self
+            .bindings
+            .mlxhost_plugin_api_adapter()
+            .call_handle(&mut self.store, &self.ctx, req)
+            .map_err(|e| failed(&self.name, "handle", trap(&e)))?;
+        if let Action::Respond(r) = &action {
+            self.check(r, "handle")?;
+        }
+        Ok(action)
+    }
+
+    /// `render`: the whole, non-streamed response.
+    pub fn render(&mut self, update: &GenerationUpdate) -> Result<HttpResponse, PluginError> {
+        self.store.set_epoch_deadline(self.deadline_ticks);
+        let r = self
+            .bindings
+            .mlxhost_plugin_api_adapter()
+            .call_render(&mut self.store, &self.ctx, update)
+            .map_err(|e| failed(&self.name, "render", trap(&e)))?;
+        self.check(&r, "render")?;
+        Ok(r)
+    }
+
+    /// `render-stream`: SSE events for one update.
+    pub fn render_stream(&mut self, update: &GenerationUpdate) -> Result<Vec<SseEvent>, PluginError> {
+        self.store.set_epoch_deadline(self.deadline_ticks);
+        let events = self
+            .bindings
+            .mlxhost_plugin_api_adapter()
+            .call_render_stream(&mut self.store, &self.ctx, update)
+            .map_err(|e| failed(&self.name, "render-stream", trap(&e)))?;
+        // SSE event names cannot hold line breaks; data lines are split by
+        // the framing, so any text is fine there.
+        if let Some(bad) = events.iter().find(|e| e.event.contains(['\n', '\r'])) {
+            return Err(failed(
+                &self.name,
+                "render-stream",
+                format!("event name {:?} contains a line break", bad.event),
+            ));
+        }
+        Ok(events)
+    }
+
+    /// `render-error`, falling back to the host's own JSON body when the
+    /// adapter fails too.
+    pub fn render_error(&mut self, error: &ApiError) -> HttpResponse {
+        self.store.set_epoch_deadline(self.deadline_ticks);
+        let rendered = self
+            .bindings
+            .mlxhost_plugin_api_adapter()
+            .call_render_error(&mut self.store, &self.ctx, error)
+            .map_err(|e| failed(&self.name, "render-error", trap(&e)))
+            .and_then(|r| self.check(&r, "render-error").map(|()| r));
+        match rendered {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "adapter could not render an error; using the host's body");
+                host_error(error)
+            }
+        }
+    }
+
+    fn check(&self, r: &HttpResponse, what: &str) -> Result<(), PluginError> {
+        if !(100..=599).contains(&r.status) {
+            return Err(failed(&self.name, what, format!("returned HTTP status {}", r.status)));
+        }
+        if axum::http::HeaderValue::from_str(&r.content_type).is_err() {
+            return Err(failed(
+                &self.name,
+                what,
+                format!("returned an invalid content type {:?}", r.content_type),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn trap(e: &wasmtime::Error) -> String {
+    match e.downcast_ref::<wasmtime::Trap>() {
+        Some(wasmtime::Trap::Interrupt) => "exceeded its time limit (epoch deadline)".into(),
+        Some(t) => format!("trapped: {t}"),
+        None => format!("{e:#}"),
+    }
+}
+
+/// The host's own error body, used when no adapter can render one (no
+/// route, or the adapter failed). OpenAI's shape, the most common client
+/// expectation: `{"error": {"message", "type", "param", "code"}}`.
+pub fn host_error(error: &ApiError) -> HttpResponse {
+    let kind = match error.kind {
+        ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::TooLarge => {
+            "invalid_request_error"
+        }
+        ErrorKind::Plugin | ErrorKind::Server => "server_error",
+    };
+    HttpResponse {
+        status: error.status,
+        content_type: "application/json".into(),
+        body: serde_json::json!({
+            "error": {
+                "message": error.message,
+                "type": kind,
+                "param": error.param,
+                "code": null,
+            }
+        })
+        .to_string()
+        .into_bytes(),
+    }
+}

@@ -1,0 +1,438 @@
+//! HTTP handlers: `GET /health` (host-owned) and every adapter route
+//! (dispatched by exact method + path to the adapter that declared it).
+//!
+//! Per request: a fresh adapter instance turns the body into an action; a
+//! generation is prepared (template, tokenize, limits), queued on the
+//! engine, and its events are rendered by the same instance either as one
+//! response or as SSE. Status is only sent once the engine accepted the job
+//! (so a bad plugin parameter is still a 400), and dropping the response
+//! (client gone) cancels the job at its next step.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use tokio::sync::mpsc;
+
+use crate::engine::{FinishReason, GenerateError, GenerateSummary};
+use crate::plugin::bindings::sampler::mlxhost::plugin::types::{
+    FinishReason as WitFinish, GenerationEvent,
+};
+use crate::plugin::{PluginError, PluginHost};
+
+use super::adapter::{
+    host_error, Action, AdapterCall, ApiError, ErrorKind, GenerationUpdate, HttpRequest,
+    HttpResponse, RequestContext, TokenLogprob, TopLogprob, Usage,
+};
+use super::engine::{EngineHandle, Frontend, Job, JobEvent};
+use super::request::{prepare, Defaults};
+use super::RequestId;
+
+/// Shared by every handler.
+pub struct AppState {
+    /// Loaded plugins (adapters here; samplers on the engine thread).
+    pub plugins: Arc<PluginHost>,
+    /// (method, path) -> adapter name.
+    pub routes: Vec<(String, String, String)>,
+    /// Set once the model is loaded and warmed up.
+    pub frontend: OnceLock<Arc<Frontend>>,
+    /// The engine thread.
+    pub engine: EngineHandle,
+    /// Server defaults.
+    pub defaults: Defaults,
+    /// Request body cap, bytes.
+    pub body_limit: usize,
+    /// Set when shutdown begins.
+    pub shutting_down: AtomicBool,
+}
+
+fn response(r: HttpResponse) -> Response {
+    let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut resp = Response::new(Body::from(r.body));
+    *resp.status_mut() = status;
+    if let Ok(v) = HeaderValue::from_str(&r.content_type) {
+        resp.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    resp
+}
+
+fn api_error(status: u16, kind: ErrorKind, message: impl Into<String>) -> ApiError {
+    ApiError {
+        status,
+        kind,
+        message: message.into(),
+        param: None,
+    }
+}
+
+/// `GET /health`: 200 once the model is loaded and warmed up, 503 while
+/// loading or shutting down. Answers during generations (never touches the
+/// engine thread).
+pub async fn health(State(app): State<Arc<AppState>>) -> Response {
+    let (status, body) = if app.shutting_down.load(Ordering::Relaxed) {
+        (StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"status": "shutting_down"}))
+    } else if let Some(f) = app.frontend.get() {
+        (
+            StatusCode::OK,
+            serde_json::json!({"status": "ok", "model": f.model_id, "in_flight": app.engine.in_flight()}),
+        )
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"status": "loading"}))
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+/// Every other route: find the adapter, let it handle the request.
+pub async fn dispatch(
+    State(app): State<Arc<AppState>>,
+    Extension(request_id): Extension<RequestId>,
+    req: Request,
+) -> Response {
+    let method = req.method().as_str().to_string();
+    let path = req.uri().path().to_string();
+    let Some(adapter) = app
+        .routes
+        .iter()
+        .find(|(m, p, _)| *m == method && *p == path)
+        .map(|(_, _, a)| a.clone())
+    else {
+        let (status, message) = if app.routes.iter().any(|(_, p, _)| *p == path) {
+            (405, format!("method {method} is not allowed on {path}"))
+        } else {
+            (404, format!("no route {method} {path} (routes come from API adapter plugins)"))
+        };
+        return response(host_error(&api_error(status, ErrorKind::NotFound, message)));
+    };
+    let Some(frontend) = app.frontend.get().cloned() else {
+        return response(host_error(&api_error(503, ErrorKind::Server, "the model is still loading")));
+    };
+    let ctx = RequestContext {
+        request_id: request_id.0.clone(),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        model_id: frontend.model_id.clone(),
+    };
+    let mut call = match AdapterCall::new(&app.plugins, &adapter, ctx) {
+        Ok(c) => c,
+        Err(e) => return response(host_error(&plugin_error(&e))),
+    };
+    if app.shutting_down.load(Ordering::Relaxed) {
+        return response(call.render_error(&api_error(503, ErrorKind::Server, "the server is shutting down")));
+    }
+
+    let headers: Vec<(String, String)> = req
+        .headers()
+        .iter()
+        .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+        .collect();
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    let too_large = || {
+        api_error(
+            413,
+            ErrorKind::TooLarge,
+            format!("the request body exceeds the server's limit of {} bytes (--body-limit)", app.body_limit),
+        )
+    };
+    if declared.is_some_and(|n| n > app.body_limit) {
+        return response(call.render_error(&too_large()));
+    }
+    let body = match axum::body::to_bytes(req.into_body(), app.body_limit).await {
+        Ok(b) => b,
+        Err(_) => return response(call.render_error(&too_large())),
+    };
+    let http_req = HttpRequest {
+        method,
+        path,
+        headers,
+        body: body.to_vec(),
+    };
+    // Adapter calls and tokenization of a long prompt are CPU work: keep
+    // them off the async workers so /health stays responsive.
+    let app2 = app.clone();
+    let frontend2 = frontend.clone();
+    let joined = tokio::task::spawn_blocking(move || {
+        let action = call.handle(&http_req);
+        let prepared = match action {
+            Ok(Action::Respond(r)) => Ok(Err(r)),
+            Ok(Action::Generate(g)) => match prepare(g, &frontend2, &app2.plugins, &app2.defaults) {
+                Ok(p) => Ok(Ok(p)),
+                Err(e) => Ok(Err(call.render_error(&e))),
+            },
+            Err(e) => Err(e),
+        };
+        (call, prepared)
+    })
+    .await;
+    let (call, prepared) = match joined {
+        Ok(x) => x,
+        Err(e) => {
+            return response(host_error(&api_error(500, ErrorKind::Server, format!("request task failed: {e}"))))
+        }
+    };
+    let prepared = match prepared {
+        Ok(Ok(p)) => p,
+        Ok(Err(r)) => return response(r),
+        Err(e) => return response(host_error(&plugin_error(&e))),
+    };
+    run_generation(app, call, prepared, frontend, request_id).await
+}
+
+/// Queues the job and renders its events.
+async fn run_generation(
+    app: Arc<AppState>,
+    mut call: AdapterCall,
+    prepared: super::request::Prepared,
+    frontend: Arc<Frontend>,
+    request_id: RequestId,
+) -> Response {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let guard = CancelOnDrop(cancel.clone());
+    let job = Job {
+        request_id: request_id.0.clone(),
+        request: prepared.request,
+        events: tx,
+        cancel,
+    };
+    if app.engine.submit(job).is_err() {
+        return response(call.render_error(&api_error(503, ErrorKind::Server, "the engine is not running")));
+    }
+    // Wait for the engine to accept (or reject) the job before choosing a status.
+    match rx.recv().await {
+        Some(JobEvent::Started) => {}
+        Some(JobEvent::Failed(e)) => return response(call.render_error(&generate_error(&e))),
+        Some(_) | None => {
+            return response(call.render_error(&api_error(500, ErrorKind::Server, "the engine dropped the request")))
+        }
+    }
+    let mut acc = Accumulator::new(frontend, prepared.logprobs);
+    if !prepared.stream {
+        let mut text = String::new();
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                JobEvent::Token(t) => acc.token(t),
+                JobEvent::Text(t) => text.push_str(&t),
+                JobEvent::Finished(summary) => {
+                    drop(guard);
+                    return match finished_update(&mut acc, 0, vec![GenerationEvent::Text(text)], &summary, &app) {
+                        Ok(update) => match call.render(&update) {
+                            Ok(r) => response(r),
+                            Err(e) => response(host_error(&plugin_error(&e))),
+                        },
+                        Err(e) => response(call.render_error(&e)),
+                    };
+                }
+                JobEvent::Failed(e) => return response(call.render_error(&generate_error(&e))),
+                JobEvent::Started => {}
+            }
+        }
+        return response(call.render_error(&api_error(500, ErrorKind::Server, "the engine stopped")));
+    }
+
+    // Streamed: a task renders events into the SSE body; when the client
+    // goes away the body (and `sse_rx`) is dropped, and the task cancels.
+    let (sse_tx, sse_rx) = mpsc::channel::<Event>(64);
+    tokio::spawn(async move {
+        let _guard = guard;
+        let mut sequence = 0u32;
+        let first = acc.update(sequence, Vec::new());
+        if !send_all(&mut call, &first, &sse_tx).await {
+            return;
+        }
+        sequence += 1;
+        loop {
+            let ev = tokio::select! {
+                ev = rx.recv() => ev,
+                _ = sse_tx.closed() => return,
+            };
+            let Some(ev) = ev else {
+                let body = call.render_error(&api_error(500, ErrorKind::Server, "the engine stopped"));
+                let _ = sse_tx.send(Event::default().data(String::from_utf8_lossy(&body.body))).await;
+                return;
+            };
+            match ev {
+                JobEvent::Started => {}
+                JobEvent::Token(t) => acc.token(t),
+                JobEvent::Text(t) => {
+                    let update = acc.update(sequence, vec![GenerationEvent::Text(t)]);
+                    sequence += 1;
+                    if !send_all(&mut call, &update, &sse_tx).await {
+                        return;
+                    }
+                }
+                JobEvent::Finished(summary) => {
+                    match finished_update(&mut acc, sequence, Vec::new(), &summary, &app) {
+                        Ok(update) => {
+                            send_all(&mut call, &update, &sse_tx).await;
+                        }
+                        Err(e) => {
+                            let body = call.render_error(&e);
+                            let _ = sse_tx.send(Event::default().data(String::from_utf8_lossy(&body.body))).await;
+                        }
+                    }
+                    return;
+                }
+                JobEvent::Failed(e) => {
+                    // Headers are sent: the error goes in the stream, in the
+                    // adapter's error shape, and the stream ends.
+                    let body = call.render_error(&generate_error(&e));
+                    let _ = sse_tx.send(Event::default().data(String::from_utf8_lossy(&body.body))).await;
+                    return;
+                }
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(sse_rx, |mut rx| async move {
+        rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
+    });
+    Sse::new(stream).into_response()
+}
+
+/// Renders one update and sends its events; false when the client is gone
+/// or the adapter failed (the error is sent in the stream first).
+async fn send_all(call: &mut AdapterCall, update: &GenerationUpdate, tx: &mpsc::Sender<Event>) -> bool {
+    let events = match call.render_stream(update) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(error = %e, "adapter failed while streaming");
+            let body = host_error(&plugin_error(&e));
+            let _ = tx.send(Event::default().data(String::from_utf8_lossy(&body.body))).await;
+            return false;
+        }
+    };
+    for e in events {
+        let mut event = Event::default().data(e.data);
+        if !e.event.is_empty() {
+            event = event.event(e.event);
+        }
+        if tx.send(event).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+/// The last update of a generation, or the error to report when it ended
+/// because the server is shutting down.
+fn finished_update(
+    acc: &mut Accumulator,
+    sequence: u32,
+    events: Vec<GenerationEvent>,
+    summary: &GenerateSummary,
+    app: &AppState,
+) -> Result<GenerationUpdate, ApiError> {
+    let finish = match summary.finish_reason {
+        FinishReason::Stop => WitFinish::Stop,
+        FinishReason::Length => WitFinish::Length,
+        FinishReason::Cancelled => {
+            let why = if app.engine.cancel_all.load(Ordering::Relaxed) {
+                "the server shut down before the generation finished"
+            } else {
+                "the generation was cancelled"
+            };
+            return Err(api_error(503, ErrorKind::Server, why));
+        }
+    };
+    let mut update = acc.update(sequence, events);
+    update.finish = Some(finish);
+    update.usage = Some(Usage {
+        prompt_tokens: summary.prompt_tokens as u32,
+        completion_tokens: summary.completion_tokens as u32,
+    });
+    Ok(update)
+}
+
+/// Collects tokens' logprobs until the text they belong to is emitted.
+struct Accumulator {
+    frontend: Arc<Frontend>,
+    logprobs: bool,
+    pending: Vec<TokenLogprob>,
+}
+
+impl Accumulator {
+    fn new(frontend: Arc<Frontend>, logprobs: bool) -> Self {
+        Accumulator {
+            frontend,
+            logprobs,
+            pending: Vec::new(),
+        }
+    }
+
+    fn token(&mut self, t: crate::engine::generate::TokenInfo) {
+        // The EOS token ends generation but is not output (as OpenAI and
+        // vLLM report it); it still counts in `usage.completion_tokens`.
+        if !self.logprobs || self.frontend.eos_ids.contains(&t.id) {
+            return;
+        }
+        let top = t
+            .top
+            .iter()
+            .map(|&(id, logprob)| {
+                let bytes = self.frontend.tokenizer.token_bytes(id);
+                TopLogprob {
+                    token: String::from_utf8_lossy(&bytes).into_owned(),
+                    bytes,
+                    id,
+                    logprob,
+                }
+            })
+            .collect();
+        let bytes = self.frontend.tokenizer.token_bytes(t.id);
+        self.pending.push(TokenLogprob {
+            token: String::from_utf8_lossy(&bytes).into_owned(),
+            bytes,
+            id: t.id,
+            logprob: t.logprob,
+            top,
+        });
+    }
+
+    fn update(&mut self, sequence: u32, events: Vec<GenerationEvent>) -> GenerationUpdate {
+        GenerationUpdate {
+            sequence,
+            events,
+            logprobs: std::mem::take(&mut self.pending),
+            finish: None,
+            usage: None,
+        }
+    }
+}
+
+/// Sets the job's cancel flag when the response (or stream task) is dropped.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A plugin error as an API error: rejected parameters and unknown plugins
+/// are the client's fault (400), the rest a 500 naming the plugin.
+fn plugin_error(e: &PluginError) -> ApiError {
+    match e {
+        PluginError::Unknown { .. } | PluginError::Rejected { .. } => {
+            api_error(400, ErrorKind::InvalidRequest, e.to_string())
+        }
+        _ => api_error(500, ErrorKind::Plugin, e.to_string()),
+    }
+}
+
+fn generate_error(e: &GenerateError) -> ApiError {
+    match e {
+        GenerateError::InvalidRequest(m) => api_error(400, ErrorKind::InvalidRequest, m.clone()),
+        GenerateError::Plugin(p) => plugin_error(p),
+        GenerateError::Model(m) => api_error(500, ErrorKind::Server, m.to_string()),
+    }
+}

@@ -1,0 +1,275 @@
+//! The HTTP server (`mlxhost serve`): axum on tokio for HTTP, one engine
+//! thread for the model. The host owns listening, body limits, SSE framing,
+//! errors and `/health`; API adapter plugins own the dialects and their
+//! routes (`docs/architecture.md`).
+
+pub mod adapter;
+pub mod engine;
+pub mod http;
+pub mod request;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::http::HeaderValue;
+use axum::middleware::Next;
+use axum::response::Response;
+use axum::routing::get;
+
+use crate::model::LoadedModel;
+use crate::plugin::{Kind, PluginHost};
+
+pub use request::Defaults;
+
+/// Everything `serve` needs besides the model loader.
+pub struct ServeConfig {
+    /// Address to listen on.
+    pub addr: SocketAddr,
+    /// Loaded plugins.
+    pub plugins: Arc<PluginHost>,
+    /// Request defaults.
+    pub defaults: Defaults,
+    /// Request body cap, bytes.
+    pub body_limit: usize,
+    /// After SIGTERM/SIGINT, how long in-flight requests may finish before
+    /// they are cancelled.
+    pub drain: Duration,
+}
+
+/// Errors that stop the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The model failed to load or warm up.
+    #[error("{0}")]
+    Load(String),
+    /// Runtime or I/O failure.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The request id assigned by the middleware (response header `x-request-id`).
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+/// What `run` reports once the server is ready (for the startup summary).
+pub struct Ready {
+    /// Bound address.
+    pub addr: SocketAddr,
+    /// The model as clients see it.
+    pub frontend: Arc<engine::Frontend>,
+    /// (method, path, adapter).
+    pub routes: Vec<(String, String, String)>,
+}
+
+/// Serves until SIGTERM/SIGINT. The listener is bound first, so `/health`
+/// answers 503 while `load` runs on the engine thread; `on_ready` is called
+/// once the model is warmed up.
+///
+/// Errors: bind failure, model load or warm-up failure, runtime failure.
+pub fn run(
+    config: ServeConfig,
+    load: Box<dyn FnOnce() -> Result<(LoadedModel, String), String> + Send>,
+    on_ready: impl FnOnce(&Ready) + Send + 'static,
+) -> Result<(), ServeError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("http")
+        .build()?;
+    rt.block_on(serve(config, load, on_ready))
+}
+
+fn adapter_routes(plugins: &PluginHost) -> Vec<(String, String, String)> {
+    let mut routes: Vec<(String, String, String)> = Vec::new();
+    for p in plugins.plugins.values() {
+        if !p.manifest.kinds.contains(&Kind::ApiAdapter) {
+            continue;
+        }
+        for (method, path) in &p.routes {
+            if path == "/health" {
+                tracing::warn!(adapter = %p.manifest.name, "route /health is the host's; ignored");
+                continue;
+            }
+            if let Some((_, _, owner)) = routes.iter().find(|(m, q, _)| m == method && q == path) {
+                tracing::warn!(adapter = %p.manifest.name, %method, %path, %owner, "route already served; ignored");
+                continue;
+            }
+            routes.push((method.clone(), path.clone(), p.manifest.name.clone()));
+        }
+    }
+    routes
+}
+
+async fn serve(
+    config: ServeConfig,
+    load: Box<dyn FnOnce() -> Result<(LoadedModel, String), String> + Send>,
+    on_ready: impl FnOnce(&Ready) + Send + 'static,
+) -> Result<(), ServeError> {
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: config.addr,
+            source,
+        })?;
+    let addr = listener.local_addr()?;
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let engine = engine::spawn(
+        load,
+        config.plugins.clone(),
+        config.defaults.sampler.clone(),
+        ready_tx,
+    )?;
+    let routes = adapter_routes(&config.plugins);
+    let app = Arc::new(http::AppState {
+        plugins: config.plugins,
+        routes: routes.clone(),
+        frontend: OnceLock::new(),
+        engine,
+        defaults: config.defaults,
+        body_limit: config.body_limit,
+        shutting_down: AtomicBool::new(false),
+    });
+    let router = axum::Router::new()
+        .route("/health", get(http::health))
+        .fallback(http::dispatch)
+        // The host enforces the limit itself (with a dialect-shaped 413).
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn(request_id))
+        .with_state(app.clone());
+
+    // Load in the background while /health answers 503.
+    let (fail_tx, mut fail_rx) = tokio::sync::mpsc::channel::<String>(1);
+    let app_ready = app.clone();
+    tokio::spawn(async move {
+        match ready_rx.await {
+            Ok(Ok(frontend)) => {
+                let frontend = Arc::new(frontend);
+                let _ = app_ready.frontend.set(frontend.clone());
+                on_ready(&Ready {
+                    addr,
+                    frontend,
+                    routes,
+                });
+            }
+            Ok(Err(e)) => {
+                let _ = fail_tx.send(e).await;
+            }
+            Err(_) => {
+                let _ = fail_tx.send("the engine thread stopped while loading".into()).await;
+            }
+        }
+    });
+
+    let shutdown_app = app.clone();
+    let drain = config.drain;
+    let load_failed = Arc::new(OnceLock::<String>::new());
+    let failed = load_failed.clone();
+    let shutdown = async move {
+        tokio::select! {
+            _ = shutdown_signal() => {}
+            Some(e) = fail_rx.recv() => { let _ = failed.set(e); }
+        }
+        shutdown_app.shutting_down.store(true, Ordering::Relaxed);
+        let in_flight = shutdown_app.engine.in_flight();
+        tracing::info!(in_flight, drain_s = drain.as_secs(), "shutting down: draining in-flight requests");
+        // After the drain period, cancel what is still running so the
+        // graceful shutdown can complete.
+        let cancel = shutdown_app.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(drain).await;
+            if cancel.engine.in_flight() > 0 {
+                tracing::warn!("drain period over: cancelling in-flight generations");
+            }
+            cancel.engine.cancel_all.store(true, Ordering::Relaxed);
+        });
+    };
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    if let Some(e) = load_failed.get() {
+        return Err(ServeError::Load(e.clone()));
+    }
+    tracing::info!("server stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = terminate => {}
+    }
+}
+
+/// Assigns a request id (or keeps a client's `x-request-id` when it is
+/// short and printable), logs the request with it, and returns it.
+async fn request_id(mut req: Request, next: Next) -> Response {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 64 && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+        .map(str::to_string)
+        .unwrap_or_else(|| {
+            let start = process_start_nanos();
+            format!("{:x}{:06x}", start & 0xffff_ffff, NEXT.fetch_add(1, Ordering::Relaxed))
+        });
+    req.extensions_mut().insert(RequestId(id.clone()));
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let started = std::time::Instant::now();
+    let span = tracing::info_span!("request", request_id = %id);
+    let mut resp = {
+        let _e = span.enter();
+        tracing::debug!(%method, %path, "request");
+        drop(_e);
+        next.run(req).await
+    };
+    let _e = span.enter();
+    tracing::info!(
+        %method,
+        %path,
+        status = resp.status().as_u16(),
+        ms = started.elapsed().as_millis() as u64,
+        "response"
+    );
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    resp
+}
+
+/// Nanoseconds since the epoch at first use: makes ids unique across restarts.
+fn process_start_nanos() -> u128 {
+    static START: OnceLock<u128> = OnceLock::new();
+    *START.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    })
+}
