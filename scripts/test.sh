@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs what is missing (scripts/setup.sh), builds,
-# then runs lints and every test (unit tests next to the code, end-to-end tests in tests/ driving
-# the real binary with the real model). `.ci/run` calls exactly this.
+# then runs lints and every test: unit tests next to the code, end-to-end tests in tests/ driving
+# the real binary with the real model (Rust, then the HTTP suite in tests/python with the
+# official `openai` SDK). `.ci/run` calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh >/dev/null
@@ -13,4 +14,8 @@ cargo build --workspace -q
 if ! command -v cargo-nextest >/dev/null; then
   cargo install --locked cargo-nextest
 fi
-cargo nextest run --workspace --no-fail-fast
+PYTHON=$(./scripts/python-test-env.sh)
+status=0
+cargo nextest run --workspace --no-fail-fast || status=$?
+(cd tests/python && MLXHOST_BIN="$PWD/../../target/debug/mlxhost" "$PYTHON" -m pytest -q -p no:cacheprovider) || status=$?
+exit $status
