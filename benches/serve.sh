@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# HTTP benchmark, side by side in one run on the same files: `mlxhost serve` (default path,
+# plugins/ with the `standard` sampler and the `openai` adapter) vs mlx-lm 0.32.2's own
+# `mlx_lm.server` on the model dequantized to float32 with OpenBLAS preloaded (its default 4-bit
+# path runs at ~0.1 tok/s on x86 CPUs; add it with MLX_LM_NATIVE=1). Both servers run at once,
+# idle between requests; requests alternate between them (benches/http_bench.py).
+#   benches/serve.sh            # REPEATS=3 MAX_TOKENS=64 LONG_WORDS=700
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CACHE="${MLXHOST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlxhost}"
+./scripts/setup.sh >/dev/null
+cargo build --release -q -p mlxhost
+./scripts/build-plugins.sh
+BIN=target/release/mlxhost
+MLX_DIR="$CACHE/models/SmolLM2-135M-Instruct-mlx"
+[ -f "$MLX_DIR/model.safetensors" ] || "$BIN" convert "$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf" "$MLX_DIR"
+VENV="$CACHE/venv-mlx-lm-0.32.2"
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import mlx_lm" 2>/dev/null; then
+  python3 -m venv "$VENV"; "$VENV/bin/pip" install -q "mlx-lm==0.32.2" "mlx[cpu]"
+fi
+OPENBLAS=$(ls /usr/lib/*-linux-gnu/libopenblas.so.0 2>/dev/null | head -1)
+LOGS=$(mktemp -d); PIDS=()
+trap 'kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$LOGS"' EXIT
+wait_up() {  # $1 = url, $2 = log
+  for _ in $(seq 600); do
+    curl -sf "$1" >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  echo "server at $1 did not come up:" >&2; tail -20 "$2" >&2; exit 1
+}
+"$BIN" serve --model "$MLX_DIR" --plugins plugins --port 18080 2>"$LOGS/mlxhost.log" & PIDS+=($!)
+LD_PRELOAD="$OPENBLAS" "$VENV/bin/python" benches/mlx_lm_server.py --float32 --model "$MLX_DIR" --port 18081 \
+  2>"$LOGS/mlx-lm.log" & PIDS+=($!)
+SERVERS=("mlxhost=http://127.0.0.1:18080" "mlx-lm-float32=http://127.0.0.1:18081")
+if [ "${MLX_LM_NATIVE:-0}" = 1 ]; then
+  "$VENV/bin/python" -m mlx_lm.server --model "$MLX_DIR" --port 18082 2>"$LOGS/mlx-lm-native.log" & PIDS+=($!)
+  SERVERS+=("mlx-lm-native=http://127.0.0.1:18082")
+fi
+wait_up http://127.0.0.1:18080/health "$LOGS/mlxhost.log"
+wait_up http://127.0.0.1:18081/v1/models "$LOGS/mlx-lm.log"
+[ "${MLX_LM_NATIVE:-0}" = 1 ] && wait_up http://127.0.0.1:18082/v1/models "$LOGS/mlx-lm-native.log"
+python3 benches/http_bench.py "${SERVERS[@]}"
