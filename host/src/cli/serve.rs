@@ -65,7 +65,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    if !(args.temp >= 0.0) {
+    if args.temp.is_nan() || args.temp < 0.0 {
         anyhow::bail!("--temp must be >= 0, got {}", args.temp);
     }
     if args.max_tokens == 0 {

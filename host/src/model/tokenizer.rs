@@ -145,7 +145,11 @@ impl TextTokenizer {
             return piece.into_bytes();
         }
         if byte_level {
-            if let Some(bytes) = piece.chars().map(byte_of_unicode).collect::<Option<Vec<u8>>>() {
+            if let Some(bytes) = piece
+                .chars()
+                .map(byte_of_unicode)
+                .collect::<Option<Vec<u8>>>()
+            {
                 return bytes;
             }
             return piece.into_bytes();
@@ -183,7 +187,8 @@ impl TextTokenizer {
 /// `¡`..=`¬`, `®`..=`ÿ`) stand for themselves; the other 68 bytes were
 /// shifted to U+0100.. in byte order.
 fn byte_of_unicode(c: char) -> Option<u8> {
-    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
     let code = c as u32;
     if printable(code) {
         return u8::try_from(code).ok();

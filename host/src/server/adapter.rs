@@ -87,7 +87,10 @@ impl AdapterCall {
     }
 
     /// `render-stream`: SSE events for one update.
-    pub fn render_stream(&mut self, update: &GenerationUpdate) -> Result<Vec<SseEvent>, PluginError> {
+    pub fn render_stream(
+        &mut self,
+        update: &GenerationUpdate,
+    ) -> Result<Vec<SseEvent>, PluginError> {
         self.store.set_epoch_deadline(self.deadline_ticks);
         let events = self
             .bindings
@@ -127,7 +130,11 @@ impl AdapterCall {
 
     fn check(&self, r: &HttpResponse, what: &str) -> Result<(), PluginError> {
         if !(100..=599).contains(&r.status) {
-            return Err(failed(&self.name, what, format!("returned HTTP status {}", r.status)));
+            return Err(failed(
+                &self.name,
+                what,
+                format!("returned HTTP status {}", r.status),
+            ));
         }
         if axum::http::HeaderValue::from_str(&r.content_type).is_err() {
             return Err(failed(

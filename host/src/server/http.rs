@@ -76,14 +76,20 @@ fn api_error(status: u16, kind: ErrorKind, message: impl Into<String>) -> ApiErr
 /// engine thread).
 pub async fn health(State(app): State<Arc<AppState>>) -> Response {
     let (status, body) = if app.shutting_down.load(Ordering::Relaxed) {
-        (StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"status": "shutting_down"}))
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            serde_json::json!({"status": "shutting_down"}),
+        )
     } else if let Some(f) = app.frontend.get() {
         (
             StatusCode::OK,
             serde_json::json!({"status": "ok", "model": f.model_id, "in_flight": app.engine.in_flight()}),
         )
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"status": "loading"}))
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            serde_json::json!({"status": "loading"}),
+        )
     };
     (status, axum::Json(body)).into_response()
 }
@@ -105,12 +111,19 @@ pub async fn dispatch(
         let (status, message) = if app.routes.iter().any(|(_, p, _)| *p == path) {
             (405, format!("method {method} is not allowed on {path}"))
         } else {
-            (404, format!("no route {method} {path} (routes come from API adapter plugins)"))
+            (
+                404,
+                format!("no route {method} {path} (routes come from API adapter plugins)"),
+            )
         };
         return response(host_error(&api_error(status, ErrorKind::NotFound, message)));
     };
     let Some(frontend) = app.frontend.get().cloned() else {
-        return response(host_error(&api_error(503, ErrorKind::Server, "the model is still loading")));
+        return response(host_error(&api_error(
+            503,
+            ErrorKind::Server,
+            "the model is still loading",
+        )));
     };
     let ctx = RequestContext {
         request_id: request_id.0.clone(),
@@ -125,7 +138,11 @@ pub async fn dispatch(
         Err(e) => return response(host_error(&plugin_error(&e))),
     };
     if app.shutting_down.load(Ordering::Relaxed) {
-        return response(call.render_error(&api_error(503, ErrorKind::Server, "the server is shutting down")));
+        return response(call.render_error(&api_error(
+            503,
+            ErrorKind::Server,
+            "the server is shutting down",
+        )));
     }
 
     let headers: Vec<(String, String)> = req
@@ -141,7 +158,10 @@ pub async fn dispatch(
         api_error(
             413,
             ErrorKind::TooLarge,
-            format!("the request body exceeds the server's limit of {} bytes (--body-limit)", app.body_limit),
+            format!(
+                "the request body exceeds the server's limit of {} bytes (--body-limit)",
+                app.body_limit
+            ),
         )
     };
     if declared.is_some_and(|n| n > app.body_limit) {
@@ -165,10 +185,12 @@ pub async fn dispatch(
         let action = call.handle(&http_req);
         let prepared = match action {
             Ok(Action::Respond(r)) => Ok(Err(r)),
-            Ok(Action::Generate(g)) => match prepare(g, &frontend2, &app2.plugins, &app2.defaults) {
-                Ok(p) => Ok(Ok(p)),
-                Err(e) => Ok(Err(call.render_error(&e))),
-            },
+            Ok(Action::Generate(g)) => {
+                match prepare(g, &frontend2, &app2.plugins, &app2.defaults) {
+                    Ok(p) => Ok(Ok(p)),
+                    Err(e) => Ok(Err(call.render_error(&e))),
+                }
+            }
             Err(e) => Err(e),
         };
         (call, prepared)
@@ -177,7 +199,11 @@ pub async fn dispatch(
     let (call, prepared) = match joined {
         Ok(x) => x,
         Err(e) => {
-            return response(host_error(&api_error(500, ErrorKind::Server, format!("request task failed: {e}"))))
+            return response(host_error(&api_error(
+                500,
+                ErrorKind::Server,
+                format!("request task failed: {e}"),
+            )))
         }
     };
     let prepared = match prepared {
@@ -206,14 +232,22 @@ async fn run_generation(
         cancel,
     };
     if app.engine.submit(job).is_err() {
-        return response(call.render_error(&api_error(503, ErrorKind::Server, "the engine is not running")));
+        return response(call.render_error(&api_error(
+            503,
+            ErrorKind::Server,
+            "the engine is not running",
+        )));
     }
     // Wait for the engine to accept (or reject) the job before choosing a status.
     match rx.recv().await {
         Some(JobEvent::Started) => {}
         Some(JobEvent::Failed(e)) => return response(call.render_error(&generate_error(&e))),
         Some(_) | None => {
-            return response(call.render_error(&api_error(500, ErrorKind::Server, "the engine dropped the request")))
+            return response(call.render_error(&api_error(
+                500,
+                ErrorKind::Server,
+                "the engine dropped the request",
+            )))
         }
     }
     let mut acc = Accumulator::new(frontend, prepared.logprobs);
@@ -225,7 +259,13 @@ async fn run_generation(
                 JobEvent::Text(t) => text.push_str(&t),
                 JobEvent::Finished(summary) => {
                     drop(guard);
-                    return match finished_update(&mut acc, 0, vec![GenerationEvent::Text(text)], &summary, &app) {
+                    return match finished_update(
+                        &mut acc,
+                        0,
+                        vec![GenerationEvent::Text(text)],
+                        &summary,
+                        &app,
+                    ) {
                         Ok(update) => match call.render(&update) {
                             Ok(r) => response(r),
                             Err(e) => response(host_error(&plugin_error(&e))),
@@ -237,7 +277,11 @@ async fn run_generation(
                 JobEvent::Started => {}
             }
         }
-        return response(call.render_error(&api_error(500, ErrorKind::Server, "the engine stopped")));
+        return response(call.render_error(&api_error(
+            500,
+            ErrorKind::Server,
+            "the engine stopped",
+        )));
     }
 
     // Streamed: a task renders events into the SSE body; when the client
@@ -257,8 +301,11 @@ async fn run_generation(
                 _ = sse_tx.closed() => return,
             };
             let Some(ev) = ev else {
-                let body = call.render_error(&api_error(500, ErrorKind::Server, "the engine stopped"));
-                let _ = sse_tx.send(Event::default().data(String::from_utf8_lossy(&body.body))).await;
+                let body =
+                    call.render_error(&api_error(500, ErrorKind::Server, "the engine stopped"));
+                let _ = sse_tx
+                    .send(Event::default().data(String::from_utf8_lossy(&body.body)))
+                    .await;
                 return;
             };
             match ev {
@@ -278,7 +325,9 @@ async fn run_generation(
                         }
                         Err(e) => {
                             let body = call.render_error(&e);
-                            let _ = sse_tx.send(Event::default().data(String::from_utf8_lossy(&body.body))).await;
+                            let _ = sse_tx
+                                .send(Event::default().data(String::from_utf8_lossy(&body.body)))
+                                .await;
                         }
                     }
                     return;
@@ -287,7 +336,9 @@ async fn run_generation(
                     // Headers are sent: the error goes in the stream, in the
                     // adapter's error shape, and the stream ends.
                     let body = call.render_error(&generate_error(&e));
-                    let _ = sse_tx.send(Event::default().data(String::from_utf8_lossy(&body.body))).await;
+                    let _ = sse_tx
+                        .send(Event::default().data(String::from_utf8_lossy(&body.body)))
+                        .await;
                     return;
                 }
             }
@@ -301,13 +352,19 @@ async fn run_generation(
 
 /// Renders one update and sends its events; false when the client is gone
 /// or the adapter failed (the error is sent in the stream first).
-async fn send_all(call: &mut AdapterCall, update: &GenerationUpdate, tx: &mpsc::Sender<Event>) -> bool {
+async fn send_all(
+    call: &mut AdapterCall,
+    update: &GenerationUpdate,
+    tx: &mpsc::Sender<Event>,
+) -> bool {
     let events = match call.render_stream(update) {
         Ok(e) => e,
         Err(e) => {
             tracing::warn!(error = %e, "adapter failed while streaming");
             let body = host_error(&plugin_error(&e));
-            let _ = tx.send(Event::default().data(String::from_utf8_lossy(&body.body))).await;
+            let _ = tx
+                .send(Event::default().data(String::from_utf8_lossy(&body.body)))
+                .await;
             return false;
         }
     };

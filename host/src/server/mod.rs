@@ -165,7 +165,9 @@ async fn serve(
                 let _ = fail_tx.send(e).await;
             }
             Err(_) => {
-                let _ = fail_tx.send("the engine thread stopped while loading".into()).await;
+                let _ = fail_tx
+                    .send("the engine thread stopped while loading".into())
+                    .await;
             }
         }
     });
@@ -181,7 +183,11 @@ async fn serve(
         }
         shutdown_app.shutting_down.store(true, Ordering::Relaxed);
         let in_flight = shutdown_app.engine.in_flight();
-        tracing::info!(in_flight, drain_s = drain.as_secs(), "shutting down: draining in-flight requests");
+        tracing::info!(
+            in_flight,
+            drain_s = drain.as_secs(),
+            "shutting down: draining in-flight requests"
+        );
         // After the drain period, cancel what is still running so the
         // graceful shutdown can complete.
         let cancel = shutdown_app.clone();
@@ -232,11 +238,20 @@ async fn request_id(mut req: Request, next: Next) -> Response {
         .headers()
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 64 && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+        .filter(|v| {
+            !v.is_empty()
+                && v.len() <= 64
+                && v.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        })
         .map(str::to_string)
         .unwrap_or_else(|| {
             let start = process_start_nanos();
-            format!("{:x}{:06x}", start & 0xffff_ffff, NEXT.fetch_add(1, Ordering::Relaxed))
+            format!(
+                "{:x}{:06x}",
+                start & 0xffff_ffff,
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            )
         });
     req.extensions_mut().insert(RequestId(id.clone()));
     let method = req.method().clone();

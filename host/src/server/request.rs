@@ -70,10 +70,16 @@ pub fn prepare(
 ) -> Result<Prepared, ApiError> {
     let s = &g.sampling;
     let logit_bias = s.logit_bias.clone();
-    if let Some((id, _)) = logit_bias.iter().find(|(id, _)| *id as usize >= frontend.vocab) {
+    if let Some((id, _)) = logit_bias
+        .iter()
+        .find(|(id, _)| *id as usize >= frontend.vocab)
+    {
         return Err(bad(
             Some("logit_bias"),
-            format!("token id {id} in `logit_bias` is outside the vocabulary (size {})", frontend.vocab),
+            format!(
+                "token id {id} in `logit_bias` is outside the vocabulary (size {})",
+                frontend.vocab
+            ),
         ));
     }
     let params = SamplingParams {
@@ -107,7 +113,9 @@ pub fn prepare(
         if plugins.get(plugin, Kind::LogitsProcessor).is_err() {
             return Err(bad(
                 Some(field),
-                format!("`{field}` needs the `{plugin}` logits processor plugin, which is not loaded"),
+                format!(
+                    "`{field}` needs the `{plugin}` logits processor plugin, which is not loaded"
+                ),
             ));
         }
         processors.push(plugin.to_string());
@@ -118,14 +126,24 @@ pub fn prepare(
             .map_err(|e| bad(Some("logits_processors"), e.to_string()))?;
         processors.push(name.clone());
     }
-    let sampler = g.sampler.clone().unwrap_or_else(|| defaults.sampler.clone());
+    let sampler = g
+        .sampler
+        .clone()
+        .unwrap_or_else(|| defaults.sampler.clone());
     plugins
         .get(&sampler, Kind::Sampler)
         .map_err(|e| bad(Some("sampler"), e.to_string()))?;
-    let plugin_params: serde_json::Value = serde_json::from_str(&g.plugin_params)
-        .map_err(|e| bad(Some("plugin_params"), format!("`plugin_params` is not valid JSON: {e}")))?;
+    let plugin_params: serde_json::Value = serde_json::from_str(&g.plugin_params).map_err(|e| {
+        bad(
+            Some("plugin_params"),
+            format!("`plugin_params` is not valid JSON: {e}"),
+        )
+    })?;
     let Some(by_plugin) = plugin_params.as_object() else {
-        return Err(bad(Some("plugin_params"), "`plugin_params` must be an object keyed by plugin name"));
+        return Err(bad(
+            Some("plugin_params"),
+            "`plugin_params` must be an object keyed by plugin name",
+        ));
     };
     if let Some(name) = by_plugin
         .keys()
@@ -171,7 +189,11 @@ pub fn prepare(
             sampler,
             processors,
             plugin_params,
-            top_logprobs: if g.logprobs { g.top_logprobs as usize } else { 0 },
+            top_logprobs: if g.logprobs {
+                g.top_logprobs as usize
+            } else {
+                0
+            },
         },
         stream: g.stream,
         logprobs: g.logprobs,
@@ -180,7 +202,11 @@ pub fn prepare(
 
 /// Renders the chat template (with the server's system message when the
 /// request has none) and tokenizes.
-fn prompt_ids(g: &GenerationRequest, frontend: &Frontend, defaults: &Defaults) -> Result<Vec<u32>, ApiError> {
+fn prompt_ids(
+    g: &GenerationRequest,
+    frontend: &Frontend,
+    defaults: &Defaults,
+) -> Result<Vec<u32>, ApiError> {
     let template = frontend
         .template
         .as_ref()
@@ -198,9 +224,12 @@ fn prompt_ids(g: &GenerationRequest, frontend: &Frontend, defaults: &Defaults) -
         role: m.role.clone(),
         content: m.content.clone(),
     }));
-    let text = template
-        .render(&messages, true)
-        .map_err(|e| bad(Some("messages"), format!("the chat template rejected the messages: {e}")))?;
+    let text = template.render(&messages, true).map_err(|e| {
+        bad(
+            Some("messages"),
+            format!("the chat template rejected the messages: {e}"),
+        )
+    })?;
     frontend
         .tokenizer
         .encode(&text)

@@ -47,8 +47,14 @@ struct Adapter;
 impl api::Guest for Adapter {
     fn routes() -> Vec<Route> {
         vec![
-            Route { method: "GET".into(), path: MODELS.into() },
-            Route { method: "POST".into(), path: CHAT.into() },
+            Route {
+                method: "GET".into(),
+                path: MODELS.into(),
+            },
+            Route {
+                method: "POST".into(),
+                path: CHAT.into(),
+            },
         ]
     }
 
@@ -71,23 +77,19 @@ impl api::Guest for Adapter {
                     OPTIONS.with(|o| *o.borrow_mut() = opts);
                     Action::Generate(generation)
                 }
-                Err(invalid) => Action::Respond(error_response(
-                    ApiError {
-                        status: 400,
-                        kind: ErrorKind::InvalidRequest,
-                        message: invalid.message,
-                        param: invalid.param,
-                    },
-                )),
+                Err(invalid) => Action::Respond(error_response(ApiError {
+                    status: 400,
+                    kind: ErrorKind::InvalidRequest,
+                    message: invalid.message,
+                    param: invalid.param,
+                })),
             },
-            (method, path) => Action::Respond(error_response(
-                ApiError {
-                    status: 404,
-                    kind: ErrorKind::NotFound,
-                    message: format!("no route {method} {path}"),
-                    param: None,
-                },
-            )),
+            (method, path) => Action::Respond(error_response(ApiError {
+                status: 404,
+                kind: ErrorKind::NotFound,
+                message: format!("no route {method} {path}"),
+                param: None,
+            })),
         }
     }
 
@@ -98,7 +100,10 @@ impl api::Guest for Adapter {
     fn render_stream(ctx: RequestContext, update: GenerationUpdate) -> Vec<SseEvent> {
         render::stream_chunks(&ctx, &options(), &update)
             .into_iter()
-            .map(|data| SseEvent { event: String::new(), data })
+            .map(|data| SseEvent {
+                event: String::new(),
+                data,
+            })
             .collect()
     }
 

@@ -92,7 +92,13 @@ pub fn completion(ctx: &RequestContext, opts: &RenderOptions, update: &Generatio
 }
 
 /// One `chat.completion.chunk` with a single choice.
-fn chunk(ctx: &RequestContext, opts: &RenderOptions, delta: Value, logprobs: Value, finish: Value) -> Value {
+fn chunk(
+    ctx: &RequestContext,
+    opts: &RenderOptions,
+    delta: Value,
+    logprobs: Value,
+    finish: Value,
+) -> Value {
     let mut c = json!({
         "id": completion_id(ctx),
         "object": "chat.completion.chunk",
@@ -111,15 +117,35 @@ fn chunk(ctx: &RequestContext, opts: &RenderOptions, delta: Value, logprobs: Val
 /// The chunks for one update, in order: the role chunk first (sequence 0),
 /// content with its logprobs, then on the last update the finish chunk, the
 /// usage chunk (when asked) and `[DONE]`.
-pub fn stream_chunks(ctx: &RequestContext, opts: &RenderOptions, update: &GenerationUpdate) -> Vec<String> {
+pub fn stream_chunks(
+    ctx: &RequestContext,
+    opts: &RenderOptions,
+    update: &GenerationUpdate,
+) -> Vec<String> {
     let mut out = Vec::new();
     if update.sequence == 0 {
-        out.push(chunk(ctx, opts, json!({ "role": "assistant", "content": "" }), Value::Null, Value::Null).to_string());
+        out.push(
+            chunk(
+                ctx,
+                opts,
+                json!({ "role": "assistant", "content": "" }),
+                Value::Null,
+                Value::Null,
+            )
+            .to_string(),
+        );
     }
     let text = text_of(&update.events);
     if !text.is_empty() || (opts.logprobs && !update.logprobs.is_empty()) {
         out.push(
-            chunk(ctx, opts, json!({ "content": text }), logprobs(opts, &update.logprobs), Value::Null).to_string(),
+            chunk(
+                ctx,
+                opts,
+                json!({ "content": text }),
+                logprobs(opts, &update.logprobs),
+                Value::Null,
+            )
+            .to_string(),
         );
     }
     if let Some(f) = update.finish {

@@ -55,22 +55,37 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
     let max_completion = f.uint("max_completion_tokens")?;
     let max_tokens = max_completion.or(f.uint("max_tokens")?);
     if max_tokens == Some(0) {
-        let param = if max_completion.is_some() { "max_completion_tokens" } else { "max_tokens" };
+        let param = if max_completion.is_some() {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
         return Err(invalid(param, format!("`{param}` must be at least 1")));
     }
     let stream = f.bool("stream")?.unwrap_or(false);
     let include_usage = match obj.get("stream_options") {
         None | Some(Value::Null) => false,
         Some(Value::Object(o)) => Fields(o).bool("include_usage")?.unwrap_or(false),
-        Some(_) => return Err(invalid("stream_options", "`stream_options` must be an object")),
+        Some(_) => {
+            return Err(invalid(
+                "stream_options",
+                "`stream_options` must be an object",
+            ))
+        }
     };
     let logprobs = f.bool("logprobs")?.unwrap_or(false);
     let top_logprobs = f.uint("top_logprobs")?.unwrap_or(0);
     if top_logprobs > 20 {
-        return Err(invalid("top_logprobs", format!("`top_logprobs` must be in [0, 20], got {top_logprobs}")));
+        return Err(invalid(
+            "top_logprobs",
+            format!("`top_logprobs` must be in [0, 20], got {top_logprobs}"),
+        ));
     }
     if top_logprobs > 0 && !logprobs {
-        return Err(invalid("top_logprobs", "`top_logprobs` requires `logprobs` to be true"));
+        return Err(invalid(
+            "top_logprobs",
+            "`top_logprobs` requires `logprobs` to be true",
+        ));
     }
     let sampling = SamplingRequest {
         temperature: f.ranged("temperature", 0.0, 2.0)?,
@@ -79,7 +94,9 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
             None => None,
             // vLLM and mlx_lm.server spell "off" as -1 or 0.
             Some(k) if k <= 0 => Some(0),
-            Some(k) => Some(u32::try_from(k).map_err(|_| invalid("top_k", "`top_k` is too large"))?),
+            Some(k) => {
+                Some(u32::try_from(k).map_err(|_| invalid("top_k", "`top_k` is too large"))?)
+            }
         },
         min_p: f.ranged("min_p", 0.0, 1.0)?,
         xtc_probability: f.ranged("xtc_probability", 0.0, 1.0)?,
@@ -87,7 +104,10 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
         seed: f.int("seed")?.map(|s| s as u64),
         repetition_penalty: match f.number("repetition_penalty")? {
             Some(p) if p <= 0.0 => {
-                return Err(invalid("repetition_penalty", format!("`repetition_penalty` must be > 0, got {p}")))
+                return Err(invalid(
+                    "repetition_penalty",
+                    format!("`repetition_penalty` must be > 0, got {p}"),
+                ))
             }
             p => p,
         },
@@ -101,14 +121,26 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(items)) => {
             if items.len() > 4 {
-                return Err(invalid("stop", format!("at most 4 stop sequences, got {}", items.len())));
+                return Err(invalid(
+                    "stop",
+                    format!("at most 4 stop sequences, got {}", items.len()),
+                ));
             }
             items
                 .iter()
-                .map(|v| v.as_str().map(str::to_string).ok_or_else(|| invalid("stop", "`stop` must be a string or an array of strings")))
+                .map(|v| {
+                    v.as_str().map(str::to_string).ok_or_else(|| {
+                        invalid("stop", "`stop` must be a string or an array of strings")
+                    })
+                })
                 .collect::<Result<_, _>>()?
         }
-        Some(_) => return Err(invalid("stop", "`stop` must be a string or an array of strings")),
+        Some(_) => {
+            return Err(invalid(
+                "stop",
+                "`stop` must be a string or an array of strings",
+            ))
+        }
     };
     if stop.iter().any(|s| s.is_empty()) {
         return Err(invalid("stop", "stop sequences must not be empty"));
@@ -118,19 +150,39 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(items)) => items
             .iter()
-            .map(|v| v.as_str().map(str::to_string).ok_or_else(|| invalid("logits_processors", "`logits_processors` must be an array of plugin names")))
+            .map(|v| {
+                v.as_str().map(str::to_string).ok_or_else(|| {
+                    invalid(
+                        "logits_processors",
+                        "`logits_processors` must be an array of plugin names",
+                    )
+                })
+            })
             .collect::<Result<_, _>>()?,
-        Some(_) => return Err(invalid("logits_processors", "`logits_processors` must be an array of plugin names")),
+        Some(_) => {
+            return Err(invalid(
+                "logits_processors",
+                "`logits_processors` must be an array of plugin names",
+            ))
+        }
     };
     let plugin_params = match obj.get("plugin_params") {
         None | Some(Value::Null) => "{}".to_string(),
         Some(v @ Value::Object(m)) => {
             if let Some((k, _)) = m.iter().find(|(_, v)| !v.is_object()) {
-                return Err(invalid("plugin_params", format!("`plugin_params.{k}` must be an object of that plugin's parameters")));
+                return Err(invalid(
+                    "plugin_params",
+                    format!("`plugin_params.{k}` must be an object of that plugin's parameters"),
+                ));
             }
             v.to_string()
         }
-        Some(_) => return Err(invalid("plugin_params", "`plugin_params` must be an object keyed by plugin name")),
+        Some(_) => {
+            return Err(invalid(
+                "plugin_params",
+                "`plugin_params` must be an object keyed by plugin name",
+            ))
+        }
     };
     let tools = parse_tools(obj.get("tools"))?;
     let tokens_as_ids = f.bool("return_tokens_as_token_ids")?.unwrap_or(false);
@@ -149,7 +201,11 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
             plugin_params,
             include_usage,
         },
-        RenderOptions { logprobs, include_usage, tokens_as_ids },
+        RenderOptions {
+            logprobs,
+            include_usage,
+            tokens_as_ids,
+        },
     ))
 }
 
@@ -187,9 +243,10 @@ impl Fields<'_> {
     }
     fn ranged(&self, key: &str, lo: f32, hi: f32) -> Result<Option<f32>, Invalid> {
         match self.number(key)? {
-            Some(x) if !(lo..=hi).contains(&x) => {
-                Err(invalid(key, format!("`{key}` must be in [{lo}, {hi}], got {x}")))
-            }
+            Some(x) if !(lo..=hi).contains(&x) => Err(invalid(
+                key,
+                format!("`{key}` must be in [{lo}, {hi}], got {x}"),
+            )),
             x => Ok(x),
         }
     }
@@ -206,9 +263,12 @@ impl Fields<'_> {
     fn uint(&self, key: &str) -> Result<Option<u32>, Invalid> {
         match self.int(key)? {
             None => Ok(None),
-            Some(x) => u32::try_from(x)
-                .map(Some)
-                .map_err(|_| invalid(key, format!("`{key}` must be a non-negative integer below 2^32, got {x}"))),
+            Some(x) => u32::try_from(x).map(Some).map_err(|_| {
+                invalid(
+                    key,
+                    format!("`{key}` must be a non-negative integer below 2^32, got {x}"),
+                )
+            }),
         }
     }
 }
@@ -220,7 +280,10 @@ fn parse_messages(value: Option<&Value>) -> Result<Vec<Message>, Invalid> {
         Some(_) => return Err(invalid("messages", "`messages` must be an array")),
     };
     if items.is_empty() {
-        return Err(invalid("messages", "`messages` must contain at least one message"));
+        return Err(invalid(
+            "messages",
+            "`messages` must contain at least one message",
+        ));
     }
     items
         .iter()
@@ -273,7 +336,9 @@ fn text_parts(parts: &[Value], param: &str) -> Result<String, Invalid> {
             (Some(other), _) if other != "text" => {
                 return Err(invalid(
                     &format!("{param}[{j}].type"),
-                    format!("content part type `{other}` is not supported by this model (text only)"),
+                    format!(
+                        "content part type `{other}` is not supported by this model (text only)"
+                    ),
                 ))
             }
             _ => {
@@ -291,17 +356,30 @@ fn parse_logit_bias(value: Option<&Value>) -> Result<Vec<(u32, f32)>, Invalid> {
     let map = match value {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Object(m)) => m,
-        Some(_) => return Err(invalid("logit_bias", "`logit_bias` must be an object mapping token ids to biases")),
+        Some(_) => {
+            return Err(invalid(
+                "logit_bias",
+                "`logit_bias` must be an object mapping token ids to biases",
+            ))
+        }
     };
     let mut out = Vec::with_capacity(map.len());
     for (k, v) in map {
-        let id: u32 = k
-            .parse()
-            .map_err(|_| invalid("logit_bias", format!("`logit_bias` key `{k}` is not a token id")))?;
+        let id: u32 = k.parse().map_err(|_| {
+            invalid(
+                "logit_bias",
+                format!("`logit_bias` key `{k}` is not a token id"),
+            )
+        })?;
         let bias = v
             .as_f64()
             .filter(|b| (-100.0..=100.0).contains(b))
-            .ok_or_else(|| invalid("logit_bias", format!("`logit_bias.{k}` must be a number in [-100, 100]")))?;
+            .ok_or_else(|| {
+                invalid(
+                    "logit_bias",
+                    format!("`logit_bias.{k}` must be a number in [-100, 100]"),
+                )
+            })?;
         out.push((id, bias as f32));
     }
     Ok(out)
@@ -320,15 +398,32 @@ fn parse_tools(value: Option<&Value>) -> Result<Vec<ToolDefinition>, Invalid> {
             let function = t
                 .get("function")
                 .and_then(Value::as_object)
-                .ok_or_else(|| invalid(&format!("tools[{i}].function"), format!("`tools[{i}].function` is required")))?;
+                .ok_or_else(|| {
+                    invalid(
+                        &format!("tools[{i}].function"),
+                        format!("`tools[{i}].function` is required"),
+                    )
+                })?;
             let name = function
                 .get("name")
                 .and_then(Value::as_str)
-                .ok_or_else(|| invalid(&format!("tools[{i}].function.name"), format!("`tools[{i}].function.name` must be a string")))?;
+                .ok_or_else(|| {
+                    invalid(
+                        &format!("tools[{i}].function.name"),
+                        format!("`tools[{i}].function.name` must be a string"),
+                    )
+                })?;
             Ok(ToolDefinition {
                 name: name.into(),
-                parameters_json: function.get("parameters").map(Value::to_string).unwrap_or_else(|| "{}".into()),
-                description: function.get("description").and_then(Value::as_str).unwrap_or_default().into(),
+                parameters_json: function
+                    .get("parameters")
+                    .map(Value::to_string)
+                    .unwrap_or_else(|| "{}".into()),
+                description: function
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .into(),
             })
         })
         .collect()
