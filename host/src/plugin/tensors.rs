@@ -296,6 +296,24 @@ impl HostLogits for PluginState {
         self.set(&l, a)
     }
 
+    fn min_logprob(&mut self, l: Resource<LogitsHandle>, threshold: f32) -> R<()> {
+        if threshold.is_nan() {
+            wasmtime::bail!("min-logprob: threshold is NaN");
+        }
+        // llama.cpp's mirostat truncation (llama-sampling.cpp,
+        // `llama_sampler_mirostat_v2_apply`): drop tokens whose surprise
+        // exceeds mu, i.e. logprob < -mu ln 2; the top token always stays.
+        let cur = self.logits(&l)?;
+        let lp = log_softmax(cur)?;
+        let top = ops::max_axis(&lp, -1, true)?;
+        let below = ops::logical_and(
+            &ops::lt(&lp, Array::from_f32(threshold))?,
+            &ops::lt(&lp, &top)?,
+        )?;
+        let a = ops::select(&below, neg_inf(), cur)?;
+        self.set(&l, a)
+    }
+
     fn xtc(
         &mut self,
         l: Resource<LogitsHandle>,
