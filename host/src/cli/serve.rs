@@ -3,11 +3,10 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use mlxhost::plugin::{Kind, PluginHost, PluginLimits};
+use mlxhost::plugin::{Kind, LivePlugins, PluginLimits};
 use mlxhost::server::{self, Defaults, ServeConfig};
 
 use super::ModelArgs;
@@ -62,6 +61,25 @@ pub struct ServeArgs {
     /// before they are cancelled.
     #[arg(long, default_value_t = 30)]
     shutdown_timeout: u64,
+    /// How often the plugins directory is checked for changes, ms (changed
+    /// plugins apply to new requests); 0 turns hot reload off.
+    #[arg(long, default_value_t = 1000)]
+    plugins_poll_ms: u64,
+    /// Linear memory cap per sampler/processor instance, MiB.
+    #[arg(long, default_value_t = 64)]
+    plugin_memory: usize,
+    /// Linear memory cap per API-adapter instance, MiB.
+    #[arg(long, default_value_t = 256)]
+    adapter_memory: usize,
+    /// Deadline per sampler call, ms.
+    #[arg(long, default_value_t = 1000)]
+    sampler_deadline_ms: u64,
+    /// Deadline per logits-processor call, ms.
+    #[arg(long, default_value_t = 1000)]
+    processor_deadline_ms: u64,
+    /// Deadline per API-adapter call, ms.
+    #[arg(long, default_value_t = 1000)]
+    adapter_deadline_ms: u64,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -71,9 +89,28 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.max_tokens == 0 {
         anyhow::bail!("--max-tokens must be at least 1");
     }
-    let plugins = Arc::new(
-        PluginHost::load_dir(&args.plugins, PluginLimits::default()).context("--plugins")?,
-    );
+    let max_mib = PluginLimits::MAX_MEMORY_BYTES >> 20;
+    for (flag, mib) in [
+        ("--plugin-memory", args.plugin_memory),
+        ("--adapter-memory", args.adapter_memory),
+    ] {
+        if mib == 0 || mib > max_mib {
+            anyhow::bail!("{flag} must be in 1..={max_mib} MiB, got {mib}");
+        }
+    }
+    let limits = PluginLimits {
+        memory_bytes: args.plugin_memory << 20,
+        adapter_memory_bytes: args.adapter_memory << 20,
+        sampler_deadline: Duration::from_millis(args.sampler_deadline_ms.max(1)),
+        processor_deadline: Duration::from_millis(args.processor_deadline_ms.max(1)),
+        adapter_deadline: Duration::from_millis(args.adapter_deadline_ms.max(1)),
+    };
+    let live = LivePlugins::load(&args.plugins, limits).context("--plugins")?;
+    if args.plugins_poll_ms > 0 {
+        live.watch(Duration::from_millis(args.plugins_poll_ms))
+            .context("starting the plugin reload thread")?;
+    }
+    let plugins = live.current();
     for s in &plugins.skipped {
         eprintln!("warning: plugin {} skipped: {}", s.dir.display(), s.reason);
     }
@@ -110,7 +147,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     });
     let config = ServeConfig {
         addr: SocketAddr::new(args.host, args.port),
-        plugins: plugins.clone(),
+        plugins: live.clone(),
         defaults: Defaults {
             temperature: args.temp,
             top_p: args.top_p,
@@ -124,14 +161,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         body_limit: args.body_limit << 20,
         drain: Duration::from_secs(args.shutdown_timeout),
     };
-    let summary_plugins = plugins.clone();
+    let summary_plugins = live.clone();
     server::run(config, load, move |ready| {
         let f = &ready.frontend;
         eprintln!(
             "mlxhost: serving {} ({} compute, context {} tokens) at http://{}",
             f.model_id, f.compute, f.context, ready.addr
         );
-        for p in summary_plugins.plugins.values() {
+        for p in summary_plugins.current().plugins.values() {
             let kinds: Vec<String> = p.manifest.kinds.iter().map(|k| k.to_string()).collect();
             eprintln!("  plugin {:<16} {}", p.manifest.name, kinds.join(", "));
         }

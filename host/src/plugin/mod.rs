@@ -6,10 +6,12 @@
 
 pub mod bindings;
 pub mod manifest;
+pub mod reload;
 pub mod runtime;
 pub mod session;
 pub mod tensors;
 
 pub use manifest::{Kind, Manifest};
+pub use reload::LivePlugins;
 pub use runtime::{PluginError, PluginHost, PluginLimits};
 pub use session::{RowChain, SamplingParams};

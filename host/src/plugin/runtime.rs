@@ -27,13 +27,19 @@ use super::tensors::PluginState;
 /// Epoch granularity for call deadlines.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
-/// Limits applied to every plugin instance.
+/// Limits applied to plugin instances, per kind. A call past its deadline
+/// or an instance growing past its memory cap traps; that fails only the
+/// request that made the call.
 #[derive(Debug, Clone, Copy)]
 pub struct PluginLimits {
-    /// Linear memory cap per instance, bytes.
+    /// Linear memory cap per sampler/processor instance, bytes.
     pub memory_bytes: usize,
-    /// Deadline per sampler/processor call.
-    pub call_deadline: Duration,
+    /// Deadline per sampler call (`create`, `sample`, `accept`).
+    pub sampler_deadline: Duration,
+    /// Deadline per logits-processor call.
+    pub processor_deadline: Duration,
+    /// Deadline per API-adapter call.
+    pub adapter_deadline: Duration,
     /// Linear memory cap per API-adapter instance, bytes (an adapter holds
     /// the request body and its parse).
     pub adapter_memory_bytes: usize,
@@ -43,9 +49,30 @@ impl Default for PluginLimits {
     fn default() -> Self {
         PluginLimits {
             memory_bytes: 64 << 20,
-            call_deadline: Duration::from_millis(1000),
+            sampler_deadline: Duration::from_millis(1000),
+            processor_deadline: Duration::from_millis(1000),
+            adapter_deadline: Duration::from_millis(1000),
             adapter_memory_bytes: 256 << 20,
         }
+    }
+}
+
+impl PluginLimits {
+    /// The most linear memory the pooling allocator reserves per instance.
+    pub const MAX_MEMORY_BYTES: usize = 1 << 30;
+
+    /// The deadline for calls into a plugin of `kind`.
+    pub fn deadline(&self, kind: Kind) -> Duration {
+        match kind {
+            Kind::Sampler => self.sampler_deadline,
+            Kind::LogitsProcessor => self.processor_deadline,
+            Kind::ApiAdapter | Kind::ToolCallParser => self.adapter_deadline,
+        }
+    }
+
+    /// Epoch ticks for `kind`'s deadline (at least one full tick).
+    pub fn deadline_ticks(&self, kind: Kind) -> u64 {
+        (self.deadline(kind).as_millis() / EPOCH_TICK.as_millis()).max(1) as u64 + 1
     }
 }
 
@@ -187,25 +214,19 @@ impl PluginHost {
         })
     }
 
-    /// A fresh store for one instance, with this host's limits.
-    pub fn new_store(&self) -> Store<PluginState> {
-        new_store(&self.engine, self.limits)
+    /// A fresh store for one instance of a plugin of `kind`, with this
+    /// host's memory cap for that kind.
+    pub fn new_store(&self, kind: Kind) -> Store<PluginState> {
+        let memory = match kind {
+            Kind::ApiAdapter => self.limits.adapter_memory_bytes,
+            _ => self.limits.memory_bytes,
+        };
+        new_store(&self.engine, memory, self.limits.deadline_ticks(kind))
     }
 
-    /// A fresh store for one API-adapter instance (its own memory cap).
-    pub fn new_adapter_store(&self) -> Store<PluginState> {
-        new_store(
-            &self.engine,
-            PluginLimits {
-                memory_bytes: self.limits.adapter_memory_bytes,
-                ..self.limits
-            },
-        )
-    }
-
-    /// The per-call deadline in epoch ticks.
-    pub fn deadline_ticks(&self) -> u64 {
-        deadline_ticks(self.limits)
+    /// The per-call deadline of `kind` in epoch ticks.
+    pub fn deadline_ticks(&self, kind: Kind) -> u64 {
+        self.limits.deadline_ticks(kind)
     }
 
     /// The loaded plugin `name` if it implements `kind`.
@@ -234,19 +255,18 @@ impl PluginHost {
     }
 }
 
-fn new_store(engine: &Engine, limits: PluginLimits) -> Store<PluginState> {
+fn new_store(engine: &Engine, memory_bytes: usize, deadline_ticks: u64) -> Store<PluginState> {
+    // A failed memory.grow traps (instead of returning -1 to the guest's
+    // allocator, which would abort with a less clear message).
     let store_limits = StoreLimitsBuilder::new()
-        .memory_size(limits.memory_bytes)
+        .memory_size(memory_bytes)
         .instances(4)
+        .trap_on_grow_failure(true)
         .build();
     let mut store = Store::new(engine, PluginState::new(store_limits));
     store.limiter(|s| &mut s.limits);
-    store.set_epoch_deadline(deadline_ticks(limits));
+    store.set_epoch_deadline(deadline_ticks);
     store
-}
-
-fn deadline_ticks(limits: PluginLimits) -> u64 {
-    (limits.call_deadline.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64 + 1
 }
 
 fn make_engine() -> Result<Engine, PluginError> {
@@ -257,7 +277,7 @@ fn make_engine() -> Result<Engine, PluginError> {
     pool.total_component_instances(512);
     pool.total_memories(512);
     pool.total_tables(512);
-    pool.max_memory_size(256 << 20);
+    pool.max_memory_size(PluginLimits::MAX_MEMORY_BYTES);
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     Engine::new(&config).map_err(|e| PluginError::Engine(e.to_string()))
 }
@@ -389,7 +409,11 @@ fn adapter_routes(
     pre: &ApiAdapterPluginPre<PluginState>,
     limits: PluginLimits,
 ) -> Result<Vec<(String, String)>, String> {
-    let mut store = new_store(engine, limits);
+    let mut store = new_store(
+        engine,
+        limits.adapter_memory_bytes,
+        limits.deadline_ticks(Kind::ApiAdapter),
+    );
     let bindings = pre
         .instantiate(&mut store)
         .map_err(|e| format!("instantiation failed: {e:#}"))?;

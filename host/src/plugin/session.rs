@@ -159,7 +159,8 @@ fn lend<R>(
 pub struct RowChain {
     processors: Vec<ProcessorInstance>,
     sampler: SamplerInstance,
-    deadline_ticks: u64,
+    processor_ticks: u64,
+    sampler_ticks: u64,
     /// Wall time spent inside plugin calls (instantiation excluded).
     pub plugin_time: Duration,
 }
@@ -198,14 +199,19 @@ fn created<T>(
 }
 
 /// Trap causes in words users understand.
-fn trap_cause(e: &wasmtime::Error) -> String {
+pub(crate) fn trap_cause(e: &wasmtime::Error) -> String {
     if let Some(trap) = e.downcast_ref::<wasmtime::Trap>() {
         return match trap {
             wasmtime::Trap::Interrupt => "exceeded its time limit (epoch deadline)".into(),
             other => format!("trapped: {other}"),
         };
     }
-    format!("{e:#}")
+    let text = format!("{e:#}");
+    // StoreLimits' trap_on_grow_failure reports a refused memory.grow.
+    if text.contains("memory") && text.contains("grow") {
+        return format!("exceeded its memory limit ({text})");
+    }
+    text
 }
 
 impl RowChain {
@@ -241,7 +247,7 @@ impl RowChain {
                 .processor
                 .as_ref()
                 .ok_or_else(|| failed(name, "no logits-processor world"))?;
-            let mut store = host.new_store();
+            let mut store = host.new_store(Kind::LogitsProcessor);
             let bindings = pre
                 .instantiate(&mut store)
                 .map_err(|e| failed(name, trap_cause(&e)))?;
@@ -265,7 +271,7 @@ impl RowChain {
             .sampler
             .as_ref()
             .ok_or_else(|| failed(sampler, "no sampler world"))?;
-        let mut store = host.new_store();
+        let mut store = host.new_store(Kind::Sampler);
         let bindings = pre
             .instantiate(&mut store)
             .map_err(|e| failed(sampler, trap_cause(&e)))?;
@@ -285,7 +291,8 @@ impl RowChain {
                 bindings,
                 session,
             },
-            deadline_ticks: host.deadline_ticks(),
+            processor_ticks: host.deadline_ticks(Kind::LogitsProcessor),
+            sampler_ticks: host.deadline_ticks(Kind::Sampler),
             plugin_time: Duration::ZERO,
         })
     }
@@ -303,7 +310,7 @@ impl RowChain {
         let vocab = logits.shape().first().copied().unwrap_or(0) as u32;
         let mut logits = logits;
         for p in &mut self.processors {
-            p.store.set_epoch_deadline(self.deadline_ticks);
+            p.store.set_epoch_deadline(self.processor_ticks);
             let (bindings, session) = (&p.bindings, p.session);
             let (result, edited) = lend(
                 &mut p.store,
@@ -322,7 +329,7 @@ impl RowChain {
             outcome(&p.name, result)?;
         }
         let s = &mut self.sampler;
-        s.store.set_epoch_deadline(self.deadline_ticks);
+        s.store.set_epoch_deadline(self.sampler_ticks);
         let (bindings, session) = (&s.bindings, s.session);
         let (result, final_logits) = lend(
             &mut s.store,
@@ -371,7 +378,7 @@ impl RowChain {
     ) -> Result<(), PluginError> {
         let started = Instant::now();
         for p in &mut self.processors {
-            p.store.set_epoch_deadline(self.deadline_ticks);
+            p.store.set_epoch_deadline(self.processor_ticks);
             p.bindings
                 .mlxhost_plugin_logits_processor()
                 .session()
@@ -379,7 +386,7 @@ impl RowChain {
                 .map_err(|e| failed(&p.name, trap_cause(&e)))?;
         }
         let s = &mut self.sampler;
-        s.store.set_epoch_deadline(self.deadline_ticks);
+        s.store.set_epoch_deadline(self.sampler_ticks);
         s.bindings
             .mlxhost_plugin_sampler()
             .session()

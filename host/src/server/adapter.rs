@@ -42,7 +42,7 @@ impl AdapterCall {
             .adapter
             .as_ref()
             .ok_or_else(|| failed(name, "instantiate", "no api-adapter world"))?;
-        let mut store = host.new_adapter_store();
+        let mut store = host.new_store(Kind::ApiAdapter);
         let bindings = pre
             .instantiate(&mut store)
             .map_err(|e| failed(name, "instantiate", format!("{e:#}")))?;
@@ -50,7 +50,7 @@ impl AdapterCall {
             name: name.into(),
             store,
             bindings,
-            deadline_ticks: host.deadline_ticks(),
+            deadline_ticks: host.deadline_ticks(Kind::ApiAdapter),
             ctx,
         })
     }
@@ -148,11 +148,7 @@ impl AdapterCall {
 }
 
 fn trap(e: &wasmtime::Error) -> String {
-    match e.downcast_ref::<wasmtime::Trap>() {
-        Some(wasmtime::Trap::Interrupt) => "exceeded its time limit (epoch deadline)".into(),
-        Some(t) => format!("trapped: {t}"),
-        None => format!("{e:#}"),
-    }
+    crate::plugin::session::trap_cause(e)
 }
 
 /// The host's own error body, used when no adapter can render one (no

@@ -61,6 +61,9 @@ pub struct Job {
     pub events: UnboundedSender<JobEvent>,
     /// Set by the HTTP side when the client went away.
     pub cancel: Arc<AtomicBool>,
+    /// The plugins snapshot the request was validated against (a hot reload
+    /// after that does not change this request's chain).
+    pub plugins: Arc<PluginHost>,
 }
 
 /// The HTTP side's handle on the engine thread.
@@ -94,7 +97,7 @@ impl EngineHandle {
 }
 
 /// Starts the engine thread: `load` runs on it (the model lives there),
-/// then a warm-up generation with `warmup_sampler`, then `ready` receives
+/// then a warm-up generation with `warmup_sampler` from `plugins`, then `ready` receives
 /// the [`Frontend`] (or the load/warm-up error) and jobs are served.
 pub fn spawn(
     load: Box<dyn FnOnce() -> Result<(LoadedModel, String), String> + Send>,
@@ -132,8 +135,9 @@ pub fn spawn(
             if ready.send(Ok(frontend)).is_err() {
                 return;
             }
+            drop(plugins);
             while let Ok(job) = rx.recv() {
-                run_job(&model, &plugins, job, &c);
+                run_job(&model, job, &c);
                 q.fetch_sub(1, Ordering::Relaxed);
             }
         })?;
@@ -167,12 +171,13 @@ fn warm_up(model: &LoadedModel, plugins: &PluginHost, sampler: &str) -> Result<(
         .map_err(|e| e.to_string())
 }
 
-fn run_job(model: &LoadedModel, plugins: &PluginHost, job: Job, cancel_all: &AtomicBool) {
+fn run_job(model: &LoadedModel, job: Job, cancel_all: &AtomicBool) {
     let Job {
         request_id,
         request,
         events,
         cancel,
+        plugins,
     } = job;
     let span = tracing::info_span!("generate", request_id = %request_id);
     let _enter = span.enter();
@@ -184,7 +189,7 @@ fn run_job(model: &LoadedModel, plugins: &PluginHost, job: Job, cancel_all: &Ato
     let mut first_token = None;
     let result = engine::generate(
         model,
-        plugins,
+        &plugins,
         &request,
         |ev| {
             let out = match ev {

@@ -24,7 +24,7 @@ use crate::engine::{FinishReason, GenerateError, GenerateSummary};
 use crate::plugin::bindings::sampler::mlxhost::plugin::types::{
     FinishReason as WitFinish, GenerationEvent,
 };
-use crate::plugin::{PluginError, PluginHost};
+use crate::plugin::{LivePlugins, PluginError, PluginHost};
 
 use super::adapter::{
     host_error, Action, AdapterCall, ApiError, ErrorKind, GenerationUpdate, HttpRequest,
@@ -36,10 +36,8 @@ use super::RequestId;
 
 /// Shared by every handler.
 pub struct AppState {
-    /// Loaded plugins (adapters here; samplers on the engine thread).
-    pub plugins: Arc<PluginHost>,
-    /// (method, path) -> adapter name.
-    pub routes: Vec<(String, String, String)>,
+    /// The live plugins; each request takes a snapshot at arrival.
+    pub plugins: Arc<LivePlugins>,
     /// Set once the model is loaded and warmed up.
     pub frontend: OnceLock<Arc<Frontend>>,
     /// The engine thread.
@@ -102,13 +100,14 @@ pub async fn dispatch(
 ) -> Response {
     let method = req.method().as_str().to_string();
     let path = req.uri().path().to_string();
-    let Some(adapter) = app
-        .routes
+    let plugins = app.plugins.current();
+    let routes = super::adapter_routes(&plugins);
+    let Some(adapter) = routes
         .iter()
         .find(|(m, p, _)| *m == method && *p == path)
         .map(|(_, _, a)| a.clone())
     else {
-        let (status, message) = if app.routes.iter().any(|(_, p, _)| *p == path) {
+        let (status, message) = if routes.iter().any(|(_, p, _)| *p == path) {
             (405, format!("method {method} is not allowed on {path}"))
         } else {
             (
@@ -133,7 +132,7 @@ pub async fn dispatch(
             .unwrap_or(0),
         model_id: frontend.model_id.clone(),
     };
-    let mut call = match AdapterCall::new(&app.plugins, &adapter, ctx) {
+    let mut call = match AdapterCall::new(&plugins, &adapter, ctx) {
         Ok(c) => c,
         Err(e) => return response(host_error(&plugin_error(&e))),
     };
@@ -181,16 +180,15 @@ pub async fn dispatch(
     // them off the async workers so /health stays responsive.
     let app2 = app.clone();
     let frontend2 = frontend.clone();
+    let plugins2 = plugins.clone();
     let joined = tokio::task::spawn_blocking(move || {
         let action = call.handle(&http_req);
         let prepared = match action {
             Ok(Action::Respond(r)) => Ok(Err(r)),
-            Ok(Action::Generate(g)) => {
-                match prepare(g, &frontend2, &app2.plugins, &app2.defaults) {
-                    Ok(p) => Ok(Ok(p)),
-                    Err(e) => Ok(Err(call.render_error(&e))),
-                }
-            }
+            Ok(Action::Generate(g)) => match prepare(g, &frontend2, &plugins2, &app2.defaults) {
+                Ok(p) => Ok(Ok(p)),
+                Err(e) => Ok(Err(call.render_error(&e))),
+            },
             Err(e) => Err(e),
         };
         (call, prepared)
@@ -211,7 +209,7 @@ pub async fn dispatch(
         Ok(Err(r)) => return response(r),
         Err(e) => return response(host_error(&plugin_error(&e))),
     };
-    run_generation(app, call, prepared, frontend, request_id).await
+    run_generation(app, call, prepared, frontend, request_id, plugins).await
 }
 
 /// Queues the job and renders its events.
@@ -221,6 +219,7 @@ async fn run_generation(
     prepared: super::request::Prepared,
     frontend: Arc<Frontend>,
     request_id: RequestId,
+    plugins: Arc<PluginHost>,
 ) -> Response {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
@@ -230,6 +229,7 @@ async fn run_generation(
         request: prepared.request,
         events: tx,
         cancel,
+        plugins,
     };
     if app.engine.submit(job).is_err() {
         return response(call.render_error(&api_error(

@@ -20,7 +20,7 @@ use axum::response::Response;
 use axum::routing::get;
 
 use crate::model::LoadedModel;
-use crate::plugin::{Kind, PluginHost};
+use crate::plugin::{Kind, LivePlugins, PluginHost};
 
 pub use request::Defaults;
 
@@ -28,8 +28,8 @@ pub use request::Defaults;
 pub struct ServeConfig {
     /// Address to listen on.
     pub addr: SocketAddr,
-    /// Loaded plugins.
-    pub plugins: Arc<PluginHost>,
+    /// The plugins directory, live (hot reload).
+    pub plugins: Arc<LivePlugins>,
     /// Request defaults.
     pub defaults: Defaults,
     /// Request body cap, bytes.
@@ -89,7 +89,9 @@ pub fn run(
     rt.block_on(serve(config, load, on_ready))
 }
 
-fn adapter_routes(plugins: &PluginHost) -> Vec<(String, String, String)> {
+/// The adapter routes of a plugins snapshot as (method, path, adapter);
+/// `/health` and duplicates (first adapter by name wins) are left out.
+pub fn adapter_routes(plugins: &PluginHost) -> Vec<(String, String, String)> {
     let mut routes: Vec<(String, String, String)> = Vec::new();
     for p in plugins.plugins.values() {
         if !p.manifest.kinds.contains(&Kind::ApiAdapter) {
@@ -97,11 +99,11 @@ fn adapter_routes(plugins: &PluginHost) -> Vec<(String, String, String)> {
         }
         for (method, path) in &p.routes {
             if path == "/health" {
-                tracing::warn!(adapter = %p.manifest.name, "route /health is the host's; ignored");
+                tracing::debug!(adapter = %p.manifest.name, "route /health is the host's; ignored");
                 continue;
             }
             if let Some((_, _, owner)) = routes.iter().find(|(m, q, _)| m == method && q == path) {
-                tracing::warn!(adapter = %p.manifest.name, %method, %path, %owner, "route already served; ignored");
+                tracing::debug!(adapter = %p.manifest.name, %method, %path, %owner, "route already served; ignored");
                 continue;
             }
             routes.push((method.clone(), path.clone(), p.manifest.name.clone()));
@@ -125,14 +127,13 @@ async fn serve(
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let engine = engine::spawn(
         load,
-        config.plugins.clone(),
+        config.plugins.current(),
         config.defaults.sampler.clone(),
         ready_tx,
     )?;
-    let routes = adapter_routes(&config.plugins);
+    let routes = adapter_routes(&config.plugins.current());
     let app = Arc::new(http::AppState {
         plugins: config.plugins,
-        routes: routes.clone(),
         frontend: OnceLock::new(),
         engine,
         defaults: config.defaults,
