@@ -1,6 +1,7 @@
 //! Command-line interface: one file per command.
 
 mod bench;
+mod bench_chain;
 mod convert;
 mod generate;
 mod plugins;
@@ -28,6 +29,8 @@ enum Command {
     Convert(convert::ConvertArgs),
     /// Measure prefill tok/s and decode forward time on this machine.
     Bench(bench::BenchArgs),
+    /// Cost of choosing tokens through WASM plugins vs the same chain computed natively.
+    BenchChain(bench_chain::BenchChainArgs),
     /// Generate a chat reply, every token chosen by a sampler plugin; streams to stdout.
     Generate(generate::GenerateArgs),
     /// Serve the model over HTTP; API dialects come from adapter plugins.
@@ -113,6 +116,7 @@ pub fn run() -> std::process::ExitCode {
         Command::Score(a) => score::run(a),
         Command::Convert(a) => convert::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::BenchChain(a) => bench_chain::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Plugins(c) => plugins::run(c),

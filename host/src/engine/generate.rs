@@ -10,7 +10,7 @@ use mlx_rs::{ops::indexing::IndexOp, transforms::eval, Array, Dtype};
 
 use super::detokenize::{Detokenizer, StopMatcher};
 use crate::model::{LoadedModel, ModelError, RowInput};
-use crate::plugin::session::{Chosen, RowChain};
+use crate::plugin::session::{Chosen, RowChain, StepOutput};
 use crate::plugin::{PluginError, PluginHost, SamplingParams};
 use crate::score::PREFILL_CHUNK;
 
@@ -117,32 +117,59 @@ impl From<mlx_rs::error::Exception> for GenerateError {
     }
 }
 
-/// Generates for one request, streaming events to `on_event`; `cancelled`
-/// is polled once per step.
-pub fn generate(
-    model: &LoadedModel,
-    plugins: &PluginHost,
-    req: &GenerateRequest,
-    mut on_event: impl FnMut(GenerateEvent),
-    cancelled: impl Fn() -> bool,
-) -> Result<GenerateSummary, GenerateError> {
-    let llama = &model.model;
-    let vocab = llama.config.vocab_size;
-    let context = llama.config.max_position_embeddings;
-    if req.prompt_ids.is_empty() {
-        return Err(GenerateError::InvalidRequest("the prompt is empty".into()));
+/// What chooses each token of a row: the plugin chain ([`RowChain`]) in
+/// the host; benchmarks implement it natively to measure the plugin cost.
+pub trait TokenChain {
+    /// Edits `logits` (`[V]`, lazy) and chooses the token.
+    fn step(
+        &mut self,
+        logits: Array,
+        ids: &[u32],
+        prompt_len: usize,
+        step: u32,
+    ) -> Result<StepOutput, PluginError>;
+    /// After the step's evaluation: the chosen id and its log-probabilities.
+    fn accept(
+        &mut self,
+        token: u32,
+        raw_logprob: f32,
+        sampled_logprob: f32,
+    ) -> Result<(), PluginError>;
+    /// Names the sampler in errors.
+    fn sampler_name(&self) -> &str;
+    /// Time spent choosing tokens (inside plugin calls, for the plugin chain).
+    fn chain_time(&self) -> Duration;
+}
+
+impl TokenChain for RowChain {
+    fn step(
+        &mut self,
+        logits: Array,
+        ids: &[u32],
+        prompt_len: usize,
+        step: u32,
+    ) -> Result<StepOutput, PluginError> {
+        RowChain::step(self, logits, ids, prompt_len, step)
     }
-    if let Some(id) = req.prompt_ids.iter().find(|&&id| id as usize >= vocab) {
-        return Err(GenerateError::InvalidRequest(format!(
-            "prompt token id {id} is outside the vocabulary"
-        )));
+    fn accept(
+        &mut self,
+        token: u32,
+        raw_logprob: f32,
+        sampled_logprob: f32,
+    ) -> Result<(), PluginError> {
+        RowChain::accept(self, token, raw_logprob, sampled_logprob)
     }
-    if req.prompt_ids.len() >= context {
-        return Err(GenerateError::InvalidRequest(format!(
-            "the prompt is {} tokens; the model's context is {context}",
-            req.prompt_ids.len()
-        )));
+    fn sampler_name(&self) -> &str {
+        RowChain::sampler_name(self)
     }
+    fn chain_time(&self) -> Duration {
+        self.plugin_time
+    }
+}
+
+/// The request's sampling parameters with the host's fills: XTC's protected
+/// ids (EOS, newline) and a seed when the request has none.
+pub fn effective_params(model: &LoadedModel, req: &GenerateRequest) -> SamplingParams {
     let mut params = req.params.clone();
     if params.xtc_special_ids.is_empty() {
         params.xtc_special_ids = model.eos_ids.clone();
@@ -158,6 +185,25 @@ pub fn generate(
                 .unwrap_or(0),
         );
     }
+    params
+}
+
+/// Generates for one request, streaming events to `on_event`; `cancelled`
+/// is polled once per step. Every token is chosen by the request's plugin
+/// chain.
+///
+/// Errors: [`GenerateError::InvalidRequest`] (empty prompt, ids outside the
+/// vocabulary, prompt over the context), [`GenerateError::Plugin`] (unknown
+/// plugin, rejected parameters, a plugin failure), [`GenerateError::Model`].
+pub fn generate(
+    model: &LoadedModel,
+    plugins: &PluginHost,
+    req: &GenerateRequest,
+    on_event: impl FnMut(GenerateEvent),
+    cancelled: impl Fn() -> bool,
+) -> Result<GenerateSummary, GenerateError> {
+    validate(model, req)?;
+    let params = effective_params(model, req);
     let mut chain = RowChain::new(
         plugins,
         &req.sampler,
@@ -165,6 +211,41 @@ pub fn generate(
         &params,
         &req.plugin_params,
     )?;
+    generate_with(model, &mut chain, req, on_event, cancelled)
+}
+
+fn validate(model: &LoadedModel, req: &GenerateRequest) -> Result<(), GenerateError> {
+    let vocab = model.model.config.vocab_size;
+    let context = model.model.config.max_position_embeddings;
+    if req.prompt_ids.is_empty() {
+        return Err(GenerateError::InvalidRequest("the prompt is empty".into()));
+    }
+    if let Some(id) = req.prompt_ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(GenerateError::InvalidRequest(format!(
+            "prompt token id {id} is outside the vocabulary"
+        )));
+    }
+    if req.prompt_ids.len() >= context {
+        return Err(GenerateError::InvalidRequest(format!(
+            "the prompt is {} tokens; the model's context is {context}",
+            req.prompt_ids.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The decode loop with a given token chain (see [`generate`]).
+pub fn generate_with(
+    model: &LoadedModel,
+    chain: &mut impl TokenChain,
+    req: &GenerateRequest,
+    mut on_event: impl FnMut(GenerateEvent),
+    cancelled: impl Fn() -> bool,
+) -> Result<GenerateSummary, GenerateError> {
+    validate(model, req)?;
+    let llama = &model.model;
+    let vocab = llama.config.vocab_size;
+    let context = llama.config.max_position_embeddings;
     on_event(GenerateEvent::Started);
 
     // Prefill in chunks; logits only for the last prompt position.
@@ -311,6 +392,6 @@ pub fn generate(
         completion_tokens: generated,
         prefill,
         decode: decode_started.elapsed(),
-        plugin_time: chain.plugin_time,
+        plugin_time: chain.chain_time(),
     })
 }

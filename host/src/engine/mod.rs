@@ -6,5 +6,6 @@ pub mod detokenize;
 pub mod generate;
 
 pub use generate::{
-    generate, FinishReason, GenerateError, GenerateEvent, GenerateRequest, GenerateSummary,
+    effective_params, generate, generate_with, FinishReason, GenerateError, GenerateEvent,
+    GenerateRequest, GenerateSummary, TokenChain,
 };

@@ -5,6 +5,7 @@
 //! `docs/plugins.md`.
 
 pub mod bindings;
+pub mod device_ops;
 pub mod manifest;
 pub mod reload;
 pub mod runtime;

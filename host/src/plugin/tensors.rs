@@ -3,20 +3,20 @@
 //!
 //! Edits replace the handle's array with a new lazy one (MLX graphs are
 //! functional); nothing is evaluated until the host's once-per-step `eval`,
-//! except by `read-*` methods. Operation definitions follow mlx-lm's
-//! `mlx_lm/sample_utils.py` (top-p, min-p, XTC, top-k), Hugging Face's
-//! repetition penalty and OpenAI's presence/frequency penalties.
+//! except by `read-*` methods. The operations themselves, and where their
+//! definitions come from, are in `device_ops`; this file validates what
+//! guests pass and moves arrays in and out of handles.
 
-use mlx_rs::{
-    ops::{self, indexing::IndexOp},
-    random, Array, Dtype,
-};
+use mlx_rs::{ops::indexing::IndexOp, Array, Dtype};
 use wasmtime::component::{Resource, ResourceTable};
 
 use super::bindings::sampler::mlxhost::plugin::tensors::{
     Host, HostHistory, HostLogits, HostToken,
 };
 use super::bindings::sampler::mlxhost::plugin::types;
+use super::device_ops::{self as dev, vocab};
+
+pub use super::device_ops::step_key;
 
 /// The row's logits `[V]` (float32), edited through the handle.
 pub struct LogitsHandle {
@@ -72,50 +72,6 @@ fn is_positive(x: f32) -> bool {
     x > 0.0
 }
 
-fn neg_inf() -> Array {
-    Array::from_f32(f32::NEG_INFINITY)
-}
-
-/// A `[V]` float32 vector that is `value` at `ids` (ids >= V ignored) and
-/// `fill` elsewhere; duplicates accumulate when `accumulate`.
-fn dense(vocab: usize, ids: &[u32], values: &[f32], fill: f32, accumulate: bool) -> Array {
-    let mut v = vec![fill; vocab];
-    for (&id, &x) in ids.iter().zip(values) {
-        if let Some(slot) = v.get_mut(id as usize) {
-            *slot = if accumulate { *slot + x } else { x };
-        }
-    }
-    Array::from_slice(&v, &[vocab as i32])
-}
-
-/// A `[V]` boolean mask, true at `ids` (ids >= V ignored).
-fn id_mask(vocab: usize, ids: &[u32]) -> mlx_rs::error::Result<Array> {
-    ops::gt(
-        dense(vocab, ids, &vec![1.0; ids.len()], 0.0, false),
-        Array::from_f32(0.5),
-    )
-}
-
-fn vocab(a: &Array) -> usize {
-    a.shape().first().copied().unwrap_or(0) as usize
-}
-
-/// Log-softmax over the last axis.
-fn log_softmax(a: &Array) -> mlx_rs::error::Result<Array> {
-    mlx_rs::nn::log_softmax(a, -1)
-}
-
-/// Deterministic PRNG key for (seed, step): the same pair gives the same draw.
-pub fn step_key(seed: u64, step: u32, stream: u64) -> mlx_rs::error::Result<Array> {
-    // SplitMix64 finalizer over the triple, so nearby seeds/steps decorrelate.
-    let mut z = seed
-        ^ (u64::from(step) << 32 | u64::from(step))
-        ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    random::key(z ^ (z >> 31))
-}
-
 impl types::Host for PluginState {}
 impl Host for PluginState {}
 
@@ -161,7 +117,7 @@ impl HostLogits for PluginState {
                 "scale: temperature must be a positive normal number, got {temperature}"
             );
         }
-        let a = ops::multiply(self.logits(&l)?, Array::from_f32(1.0 / temperature))?;
+        let a = dev::scale(self.logits(&l)?, temperature)?;
         self.set(&l, a)
     }
 
@@ -169,21 +125,17 @@ impl HostLogits for PluginState {
         if ids.len() != biases.len() {
             wasmtime::bail!("add-bias: {} ids but {} biases", ids.len(), biases.len());
         }
-        let cur = self.logits(&l)?;
-        let bias = dense(vocab(cur), &ids, &biases, 0.0, true);
-        let a = ops::add(cur, &bias)?;
+        let a = dev::add_bias(self.logits(&l)?, &ids, &biases)?;
         self.set(&l, a)
     }
 
     fn ban(&mut self, l: Resource<LogitsHandle>, ids: Vec<u32>) -> R<()> {
-        let cur = self.logits(&l)?;
-        let a = ops::select(&id_mask(vocab(cur), &ids)?, neg_inf(), cur)?;
+        let a = dev::ban(self.logits(&l)?, &ids)?;
         self.set(&l, a)
     }
 
     fn allow_only(&mut self, l: Resource<LogitsHandle>, ids: Vec<u32>) -> R<()> {
-        let cur = self.logits(&l)?;
-        let a = ops::select(&id_mask(vocab(cur), &ids)?, cur, neg_inf())?;
+        let a = dev::allow_only(self.logits(&l)?, &ids)?;
         self.set(&l, a)
     }
 
@@ -198,23 +150,7 @@ impl HostLogits for PluginState {
             wasmtime::bail!("repetition-penalty: penalty must be > 0, got {penalty}");
         }
         let hist = self.table.get(&h)?;
-        let start = hist.ids.len().saturating_sub(window as usize);
-        let mut ids: Vec<u32> = hist.ids[start..].to_vec();
-        ids.sort_unstable();
-        ids.dedup();
-        let cur = self.logits(&l)?;
-        let v = vocab(cur);
-        ids.retain(|&i| (i as usize) < v);
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let mask = id_mask(v, &ids)?;
-        let penalized = ops::select(
-            &ops::gt(cur, Array::from_f32(0.0))?,
-            ops::divide(cur, Array::from_f32(penalty))?,
-            ops::multiply(cur, Array::from_f32(penalty))?,
-        )?;
-        let a = ops::select(&mask, &penalized, cur)?;
+        let a = dev::repetition_penalty(self.logits(&l)?, &hist.ids, penalty, window)?;
         self.set(&l, a)
     }
 
@@ -225,57 +161,22 @@ impl HostLogits for PluginState {
         presence: f32,
         frequency: f32,
     ) -> R<()> {
+        if !presence.is_finite() || !frequency.is_finite() {
+            wasmtime::bail!("presence-frequency-penalty: penalties must be finite");
+        }
         let hist = self.table.get(&h)?;
         let generated = &hist.ids[hist.prompt_len.min(hist.ids.len())..];
-        let cur = self.logits(&l)?;
-        let v = vocab(cur);
-        let mut counts = std::collections::BTreeMap::<u32, f32>::new();
-        for &id in generated.iter().filter(|&&i| (i as usize) < v) {
-            *counts.entry(id).or_default() += 1.0;
-        }
-        if counts.is_empty() {
-            return Ok(());
-        }
-        let ids: Vec<u32> = counts.keys().copied().collect();
-        let pen: Vec<f32> = counts.values().map(|&c| c * frequency + presence).collect();
-        let a = ops::subtract(cur, dense(v, &ids, &pen, 0.0, false))?;
+        let a = dev::presence_frequency_penalty(self.logits(&l)?, generated, presence, frequency)?;
         self.set(&l, a)
     }
 
     fn top_k(&mut self, l: Resource<LogitsHandle>, k: u32) -> R<()> {
-        let cur = self.logits(&l)?;
-        if k == 0 || k as usize >= vocab(cur) {
-            return Ok(());
-        }
-        // The k-th largest value is the threshold (mlx-lm's apply_top_k keeps
-        // exactly the argpartition's top k; ties at the boundary are kept here).
-        let kth =
-            ops::argpartition_axis(&ops::negative(cur)?, k as i32 - 1, -1)?.index(k as i32 - 1);
-        let threshold = cur.take_axis(&kth, -1)?;
-        let a = ops::select(&ops::lt(cur, &threshold)?, neg_inf(), cur)?;
+        let a = dev::top_k(self.logits(&l)?, k)?;
         self.set(&l, a)
     }
 
     fn top_p(&mut self, l: Resource<LogitsHandle>, p: f32) -> R<()> {
-        if !(p > 0.0 && p < 1.0) {
-            return Ok(());
-        }
-        // mlx-lm apply_top_p: drop the low tail whose mass lies at or above
-        // 1 - p of the total, measured from the top.
-        let cur = self.logits(&l)?;
-        let lp = log_softmax(cur)?;
-        let sorted = ops::sort_axis(&lp, -1)?;
-        let probs = ops::exp(&sorted)?;
-        let mass_above = ops::cumsum(&probs, -1, true, false)?;
-        let total = ops::add(mass_above.index(..1), probs.index(..1))?;
-        let dropped = ops::sum_axis(
-            &ops::ge(&mass_above, &ops::multiply(&total, Array::from_f32(p))?)?
-                .as_dtype(Dtype::Int32)?,
-            -1,
-            true,
-        )?;
-        let threshold = sorted.take_axis(&dropped, -1)?;
-        let a = ops::select(&ops::lt(&lp, &threshold)?, neg_inf(), cur)?;
+        let a = dev::top_p(self.logits(&l)?, p)?;
         self.set(&l, a)
     }
 
@@ -286,13 +187,7 @@ impl HostLogits for PluginState {
         if p > 1.0 {
             wasmtime::bail!("min-p: p must be in (0, 1], got {p}");
         }
-        // mlx-lm apply_min_p: keep tokens with logprob >= max + ln(p) (the top
-        // token always survives, so at least one is kept).
-        let cur = self.logits(&l)?;
-        let lp = log_softmax(cur)?;
-        let top = ops::max_axis(&lp, -1, true)?;
-        let threshold = ops::add(&top, Array::from_f32(p.ln()))?;
-        let a = ops::select(&ops::lt(&lp, &threshold)?, neg_inf(), cur)?;
+        let a = dev::min_p(self.logits(&l)?, p)?;
         self.set(&l, a)
     }
 
@@ -300,17 +195,7 @@ impl HostLogits for PluginState {
         if threshold.is_nan() {
             wasmtime::bail!("min-logprob: threshold is NaN");
         }
-        // llama.cpp's mirostat truncation (llama-sampling.cpp,
-        // `llama_sampler_mirostat_v2_apply`): drop tokens whose surprise
-        // exceeds mu, i.e. logprob < -mu ln 2; the top token always stays.
-        let cur = self.logits(&l)?;
-        let lp = log_softmax(cur)?;
-        let top = ops::max_axis(&lp, -1, true)?;
-        let below = ops::logical_and(
-            &ops::lt(&lp, Array::from_f32(threshold))?,
-            &ops::lt(&lp, &top)?,
-        )?;
-        let a = ops::select(&below, neg_inf(), cur)?;
+        let a = dev::min_logprob(self.logits(&l)?, threshold)?;
         self.set(&l, a)
     }
 
@@ -326,31 +211,13 @@ impl HostLogits for PluginState {
         if !is_positive(probability) {
             return Ok(());
         }
-        // mlx-lm apply_xtc: with probability `probability`, remove every token
-        // whose probability exceeds the smallest probability above
-        // `threshold` (so the least likely of the "top choices" survives);
-        // `keep` (EOS, newline) are never removed.
-        let cur = self.logits(&l)?;
-        let v = vocab(cur);
-        let probs = ops::softmax_axis(cur, -1, None)?;
-        let above = ops::gt(&probs, Array::from_f32(threshold))?;
-        let inf = Array::from_f32(f32::INFINITY);
-        let min_above = ops::min_axis(&ops::select(&above, &probs, &inf)?, -1, true)?;
-        let mut remove = ops::gt(&probs, &min_above)?;
-        if !keep.is_empty() {
-            let protect = id_mask(v, &keep)?;
-            remove = ops::logical_and(&remove, &ops::logical_not(&protect)?)?;
-        }
-        let draw = random::uniform::<f32, f32>(0.0, 1.0, &[], Some(&step_key(seed, step, 2)?))?;
-        let apply = ops::lt(&draw, Array::from_f32(probability))?;
-        let a = ops::select(&ops::logical_and(&remove, &apply)?, neg_inf(), cur)?;
+        let a = dev::xtc(self.logits(&l)?, probability, threshold, &keep, seed, step)?;
         self.set(&l, a)
     }
 
     fn argmax(&mut self, l: Resource<LogitsHandle>) -> R<Resource<TokenHandle>> {
-        let idx =
-            ops::indexing::argmax_axis(self.logits(&l)?, -1, None)?.as_dtype(Dtype::Uint32)?;
-        Ok(self.table.push(TokenHandle { array: idx })?)
+        let array = dev::argmax(self.logits(&l)?)?;
+        Ok(self.table.push(TokenHandle { array })?)
     }
 
     fn categorical(
@@ -359,10 +226,8 @@ impl HostLogits for PluginState {
         seed: u64,
         step: u32,
     ) -> R<Resource<TokenHandle>> {
-        let key = step_key(seed, step, 1)?;
-        let idx =
-            random::categorical(self.logits(&l)?, -1, None, Some(&key))?.as_dtype(Dtype::Uint32)?;
-        Ok(self.table.push(TokenHandle { array: idx })?)
+        let array = dev::categorical(self.logits(&l)?, seed, step)?;
+        Ok(self.table.push(TokenHandle { array })?)
     }
 
     fn read_top(&mut self, l: Resource<LogitsHandle>, k: u32) -> R<Vec<(u32, f32)>> {

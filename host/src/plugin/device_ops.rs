@@ -1,0 +1,224 @@
+//! The device operations behind the `tensors` interface, as plain functions
+//! on MLX arrays: each takes the row's logits `[V]` (float32) and returns
+//! new lazy logits (or a token `[]` uint32). The plugin host calls them for
+//! guests (`plugin::tensors`), and benchmarks call them directly to compute
+//! the same chain natively. Definitions follow mlx-lm's
+//! `mlx_lm/sample_utils.py` (top-p, min-p, XTC, top-k), Hugging Face's
+//! repetition penalty, OpenAI's presence/frequency penalties and llama.cpp's
+//! mirostat truncation. Inputs are assumed validated by the caller.
+
+use mlx_rs::error::Result;
+use mlx_rs::{
+    ops::{self, indexing::IndexOp},
+    random, Array, Dtype,
+};
+
+/// `-inf` as a scalar.
+pub fn neg_inf() -> Array {
+    Array::from_f32(f32::NEG_INFINITY)
+}
+
+/// A `[V]` float32 vector that is `value` at `ids` (ids >= V ignored) and
+/// `fill` elsewhere; duplicates accumulate when `accumulate`.
+pub fn dense(vocab: usize, ids: &[u32], values: &[f32], fill: f32, accumulate: bool) -> Array {
+    let mut v = vec![fill; vocab];
+    for (&id, &x) in ids.iter().zip(values) {
+        if let Some(slot) = v.get_mut(id as usize) {
+            *slot = if accumulate { *slot + x } else { x };
+        }
+    }
+    Array::from_slice(&v, &[vocab as i32])
+}
+
+/// A `[V]` boolean mask, true at `ids` (ids >= V ignored).
+pub fn id_mask(vocab: usize, ids: &[u32]) -> Result<Array> {
+    ops::gt(
+        dense(vocab, ids, &vec![1.0; ids.len()], 0.0, false),
+        Array::from_f32(0.5),
+    )
+}
+
+/// V of a `[V]` array.
+pub fn vocab(a: &Array) -> usize {
+    a.shape().first().copied().unwrap_or(0) as usize
+}
+
+/// Log-softmax over the last axis.
+pub fn log_softmax(a: &Array) -> Result<Array> {
+    mlx_rs::nn::log_softmax(a, -1)
+}
+
+/// Deterministic PRNG key for (seed, step): the same pair gives the same draw.
+pub fn step_key(seed: u64, step: u32, stream: u64) -> Result<Array> {
+    // SplitMix64 finalizer over the triple, so nearby seeds/steps decorrelate.
+    let mut z = seed
+        ^ (u64::from(step) << 32 | u64::from(step))
+        ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    random::key(z ^ (z >> 31))
+}
+
+/// `logits / temperature` (temperature > 0, finite).
+pub fn scale(logits: &Array, temperature: f32) -> Result<Array> {
+    ops::multiply(logits, Array::from_f32(1.0 / temperature))
+}
+
+/// `logits[ids[i]] += biases[i]`.
+pub fn add_bias(logits: &Array, ids: &[u32], biases: &[f32]) -> Result<Array> {
+    ops::add(logits, &dense(vocab(logits), ids, biases, 0.0, true))
+}
+
+/// `logits[ids] = -inf`.
+pub fn ban(logits: &Array, ids: &[u32]) -> Result<Array> {
+    ops::select(&id_mask(vocab(logits), ids)?, neg_inf(), logits)
+}
+
+/// Keep only `ids`.
+pub fn allow_only(logits: &Array, ids: &[u32]) -> Result<Array> {
+    ops::select(&id_mask(vocab(logits), ids)?, logits, neg_inf())
+}
+
+/// Hugging Face repetition penalty over the last `window` ids of `history`
+/// (prompt included): positive logits divided by `penalty`, negative
+/// multiplied (penalty > 0).
+pub fn repetition_penalty(
+    logits: &Array,
+    history: &[u32],
+    penalty: f32,
+    window: u32,
+) -> Result<Array> {
+    let start = history.len().saturating_sub(window as usize);
+    let v = vocab(logits);
+    let mut ids: Vec<u32> = history[start..]
+        .iter()
+        .copied()
+        .filter(|&i| (i as usize) < v)
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.is_empty() {
+        return Ok(logits.clone());
+    }
+    let penalized = ops::select(
+        &ops::gt(logits, Array::from_f32(0.0))?,
+        ops::divide(logits, Array::from_f32(penalty))?,
+        ops::multiply(logits, Array::from_f32(penalty))?,
+    )?;
+    ops::select(&id_mask(v, &ids)?, &penalized, logits)
+}
+
+/// OpenAI presence/frequency penalties over `generated` ids:
+/// `logit[j] -= count[j] * frequency + (count[j] > 0) * presence`.
+pub fn presence_frequency_penalty(
+    logits: &Array,
+    generated: &[u32],
+    presence: f32,
+    frequency: f32,
+) -> Result<Array> {
+    let v = vocab(logits);
+    let mut counts = std::collections::BTreeMap::<u32, f32>::new();
+    for &id in generated.iter().filter(|&&i| (i as usize) < v) {
+        *counts.entry(id).or_default() += 1.0;
+    }
+    if counts.is_empty() {
+        return Ok(logits.clone());
+    }
+    let ids: Vec<u32> = counts.keys().copied().collect();
+    let pen: Vec<f32> = counts.values().map(|&c| c * frequency + presence).collect();
+    ops::subtract(logits, dense(v, &ids, &pen, 0.0, false))
+}
+
+/// Keep the `k` largest logits (ties at the boundary kept); 0 or >= V: no-op.
+pub fn top_k(logits: &Array, k: u32) -> Result<Array> {
+    if k == 0 || k as usize >= vocab(logits) {
+        return Ok(logits.clone());
+    }
+    // The k-th largest value is the threshold (mlx-lm's apply_top_k keeps
+    // exactly the argpartition's top k; ties at the boundary are kept here).
+    let kth =
+        ops::argpartition_axis(&ops::negative(logits)?, k as i32 - 1, -1)?.index(k as i32 - 1);
+    let threshold = logits.take_axis(&kth, -1)?;
+    ops::select(&ops::lt(logits, &threshold)?, neg_inf(), logits)
+}
+
+/// mlx-lm's `apply_top_p`; `p` outside (0, 1): no-op.
+pub fn top_p(logits: &Array, p: f32) -> Result<Array> {
+    if !(p > 0.0 && p < 1.0) {
+        return Ok(logits.clone());
+    }
+    // Drop the low tail whose mass lies at or above 1 - p of the total,
+    // measured from the top.
+    let lp = log_softmax(logits)?;
+    let sorted = ops::sort_axis(&lp, -1)?;
+    let probs = ops::exp(&sorted)?;
+    let mass_above = ops::cumsum(&probs, -1, true, false)?;
+    let total = ops::add(mass_above.index(..1), probs.index(..1))?;
+    let dropped = ops::sum_axis(
+        &ops::ge(&mass_above, &ops::multiply(&total, Array::from_f32(p))?)?
+            .as_dtype(Dtype::Int32)?,
+        -1,
+        true,
+    )?;
+    let threshold = sorted.take_axis(&dropped, -1)?;
+    ops::select(&ops::lt(&lp, &threshold)?, neg_inf(), logits)
+}
+
+/// mlx-lm's `apply_min_p` (0 < p <= 1): keep tokens with
+/// `logprob >= max + ln(p)` (the top token always survives).
+pub fn min_p(logits: &Array, p: f32) -> Result<Array> {
+    let lp = log_softmax(logits)?;
+    let top = ops::max_axis(&lp, -1, true)?;
+    let threshold = ops::add(&top, Array::from_f32(p.ln()))?;
+    ops::select(&ops::lt(&lp, &threshold)?, neg_inf(), logits)
+}
+
+/// llama.cpp's mirostat truncation (`llama_sampler_mirostat_v2_apply` in
+/// src/llama-sampling.cpp): drop tokens with `logprob < threshold`; the top
+/// token always stays.
+pub fn min_logprob(logits: &Array, threshold: f32) -> Result<Array> {
+    let lp = log_softmax(logits)?;
+    let top = ops::max_axis(&lp, -1, true)?;
+    let below = ops::logical_and(
+        &ops::lt(&lp, Array::from_f32(threshold))?,
+        &ops::lt(&lp, &top)?,
+    )?;
+    ops::select(&below, neg_inf(), logits)
+}
+
+/// mlx-lm's `apply_xtc`: with probability `probability` (drawn from
+/// (seed, step)), remove every token whose probability exceeds the smallest
+/// probability above `threshold`; `keep` ids are never removed.
+pub fn xtc(
+    logits: &Array,
+    probability: f32,
+    threshold: f32,
+    keep: &[u32],
+    seed: u64,
+    step: u32,
+) -> Result<Array> {
+    let v = vocab(logits);
+    let probs = ops::softmax_axis(logits, -1, None)?;
+    let above = ops::gt(&probs, Array::from_f32(threshold))?;
+    let inf = Array::from_f32(f32::INFINITY);
+    let min_above = ops::min_axis(&ops::select(&above, &probs, &inf)?, -1, true)?;
+    let mut remove = ops::gt(&probs, &min_above)?;
+    if !keep.is_empty() {
+        let protect = id_mask(v, keep)?;
+        remove = ops::logical_and(&remove, &ops::logical_not(&protect)?)?;
+    }
+    let draw = random::uniform::<f32, f32>(0.0, 1.0, &[], Some(&step_key(seed, step, 2)?))?;
+    let apply = ops::lt(&draw, Array::from_f32(probability))?;
+    ops::select(&ops::logical_and(&remove, &apply)?, neg_inf(), logits)
+}
+
+/// The most likely token, `[]` uint32.
+pub fn argmax(logits: &Array) -> Result<Array> {
+    ops::indexing::argmax_axis(logits, -1, None)?.as_dtype(Dtype::Uint32)
+}
+
+/// A draw from softmax(logits) keyed by (seed, step), `[]` uint32.
+pub fn categorical(logits: &Array, seed: u64, step: u32) -> Result<Array> {
+    let key = step_key(seed, step, 1)?;
+    random::categorical(logits, -1, None, Some(&key))?.as_dtype(Dtype::Uint32)
+}
