@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_chain;
+mod config;
 mod convert;
 mod generate;
 mod plugins;
@@ -10,12 +11,15 @@ mod serve;
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use mlxhost::model::{self, DtypeArg};
 
 /// WebAssembly-plugin-extensible LLM inference host on MLX.
 #[derive(Debug, Parser)]
 #[command(name = "mlxhost", version, about)]
+// A flag given twice keeps the last value: mlxhost.toml's settings come
+// first, the command line's after them.
+#[command(args_override_self = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -96,8 +100,32 @@ impl ModelArgs {
 
 /// Parses arguments, runs the command, maps errors to exit code 1 with the
 /// message on stderr.
+/// Parses the command line, with `mlxhost.toml` settings for `serve`.
+fn parse() -> anyhow::Result<Cli> {
+    let mut command = Cli::command();
+    let known: Vec<String> = command
+        .find_subcommand_mut("serve")
+        .map(|c| {
+            c.get_arguments()
+                .filter_map(|a| a.get_long().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let args = config::with_config(std::env::args_os().collect(), &known)?;
+    let matches = command
+        .try_get_matches_from(args)
+        .unwrap_or_else(|e| e.exit());
+    Ok(Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()))
+}
+
 pub fn run() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     // The server logs each request (with its id) by default; one-shot
     // commands only warn.
     let default_filter = match cli.command {

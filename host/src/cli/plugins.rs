@@ -1,4 +1,4 @@
-//! `mlxhost plugins list [DIR]`.
+//! `mlxhost plugins list|check [DIR]`.
 
 use std::path::PathBuf;
 
@@ -13,12 +13,24 @@ pub enum PluginsCommand {
         #[arg(default_value = "plugins")]
         dir: PathBuf,
     },
+    /// As `list`, plus a smoke call per plugin (a session and one step on
+    /// synthetic logits); exits non-zero when anything is rejected or fails.
+    Check {
+        /// Plugins directory.
+        #[arg(default_value = "plugins")]
+        dir: PathBuf,
+    },
 }
 
 pub fn run(cmd: PluginsCommand) -> anyhow::Result<()> {
-    match cmd {
-        PluginsCommand::List { dir } => {
+    let (dir, check) = match cmd {
+        PluginsCommand::List { dir } => (dir, false),
+        PluginsCommand::Check { dir } => (dir, true),
+    };
+    {
+        {
             let host = PluginHost::load_dir(&dir, PluginLimits::default())?;
+            let mut failed = host.skipped.len();
             for p in host.plugins.values() {
                 let kinds: Vec<String> = p.manifest.kinds.iter().map(|k| k.to_string()).collect();
                 println!(
@@ -29,6 +41,15 @@ pub fn run(cmd: PluginsCommand) -> anyhow::Result<()> {
                     p.manifest.wit,
                     p.manifest.description
                 );
+                if check {
+                    match mlxhost::plugin::smoke::check(&host, p) {
+                        Ok(summary) => println!("         smoke: {summary}"),
+                        Err(e) => {
+                            failed += 1;
+                            println!("         smoke FAILED: {e}");
+                        }
+                    }
+                }
             }
             for s in &host.skipped {
                 println!("skipped  {}: {}", s.dir.display(), s.reason);
@@ -38,6 +59,9 @@ pub fn run(cmd: PluginsCommand) -> anyhow::Result<()> {
                     "no plugins in {} (folders with a plugin.toml)",
                     dir.display()
                 );
+            }
+            if check && failed > 0 {
+                anyhow::bail!("{failed} plugin(s) in {} rejected or failed", dir.display());
             }
             Ok(())
         }

@@ -14,6 +14,10 @@ use super::ModelArgs;
 /// Arguments of `mlxhost serve`.
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
+    /// Settings file (`[serve]` table: these flags without the dashes);
+    /// default `./mlxhost.toml` when present. Command-line flags win.
+    #[arg(long, env = "MLXHOST_CONFIG")]
+    config: Option<PathBuf>,
     #[command(flatten)]
     model: ModelArgs,
     /// Plugins directory (one folder per plugin): samplers, processors and

@@ -10,6 +10,7 @@ pub mod manifest;
 pub mod reload;
 pub mod runtime;
 pub mod session;
+pub mod smoke;
 pub mod tensors;
 
 pub use manifest::{Kind, Manifest};

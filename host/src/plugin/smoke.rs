@@ -1,0 +1,83 @@
+//! A smoke call per plugin, for `mlxhost plugins check`: a session is
+//! created with default parameters (plus the manifest's defaults) and one
+//! step runs on synthetic logits `[V = 512]` and a short history; the
+//! chosen token must be in range. Adapters were already asked for their
+//! routes at load.
+
+use mlx_rs::{transforms::eval, Array, Dtype};
+
+use super::manifest::Kind;
+use super::runtime::{LoadedPlugin, PluginHost};
+use super::session::{Chosen, RowChain};
+use super::SamplingParams;
+
+/// Synthetic vocabulary size of the smoke step.
+const VOCAB: usize = 512;
+
+/// Runs the smoke call for `plugin`; `Ok` carries a one-line summary.
+/// A processor needs a sampler to complete its step: `standard` when loaded,
+/// else any sampler in the directory.
+pub fn check(host: &PluginHost, plugin: &LoadedPlugin) -> Result<String, String> {
+    let kinds = &plugin.manifest.kinds;
+    if kinds.contains(&Kind::ApiAdapter)
+        && !kinds.contains(&Kind::Sampler)
+        && !kinds.contains(&Kind::LogitsProcessor)
+    {
+        return Ok(format!(
+            "routes: {}",
+            plugin
+                .routes
+                .iter()
+                .map(|(m, p)| format!("{m} {p}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let name = plugin.manifest.name.clone();
+    let (sampler, processors) = if kinds.contains(&Kind::Sampler) {
+        (name.clone(), Vec::new())
+    } else {
+        let sampler = if host.get("standard", Kind::Sampler).is_ok() {
+            "standard".to_string()
+        } else {
+            host.plugins
+                .values()
+                .find(|p| p.manifest.kinds.contains(&Kind::Sampler))
+                .map(|p| p.manifest.name.clone())
+                .ok_or("no sampler in this directory to complete the processor's step")?
+        };
+        (sampler, vec![name.clone()])
+    };
+    let params = SamplingParams {
+        seed: Some(0),
+        ..SamplingParams::default()
+    };
+    let mut chain = RowChain::new(host, &sampler, &processors, &params, &serde_json::json!({}))
+        .map_err(|e| e.to_string())?;
+    let logits: Vec<f32> = (0..VOCAB)
+        .map(|i| ((i * 7919) % 97) as f32 / 10.0)
+        .collect();
+    let history = [1u32, 5, 9, 5];
+    let started = std::time::Instant::now();
+    let out = chain
+        .step(Array::from_slice(&logits, &[VOCAB as i32]), &history, 2, 0)
+        .map_err(|e| e.to_string())?;
+    let id = match out.token {
+        Chosen::Host(id) => id,
+        Chosen::Device(a) => {
+            let a = a.as_dtype(Dtype::Uint32).map_err(|e| e.to_string())?;
+            eval([&a]).map_err(|e| e.to_string())?;
+            a.try_item_cast::<u32>().map_err(|e| e.to_string())?
+        }
+    };
+    if id as usize >= VOCAB {
+        return Err(format!(
+            "chose token {id}, outside the vocabulary ({VOCAB})"
+        ));
+    }
+    chain.accept(id, 0.0, 0.0).map_err(|e| e.to_string())?;
+    Ok(format!(
+        "one step in {:.2} ms, token {id}",
+        started.elapsed().as_secs_f64() * 1e3
+    ))
+}
