@@ -43,7 +43,7 @@ pub struct ServeConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// The address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr} (--host, --port)")]
     Bind {
         /// The address.
         addr: SocketAddr,
