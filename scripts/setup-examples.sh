@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs the guest toolchains the plugin examples in examples/ build with, idempotently:
+#   C:          apt clang-19 lld-19 wasi-libc libclang-rt-19-dev-wasm32, and wit-bindgen-cli
+#               (cargo install, into $MLXHOST_CACHE/tools);
+#   JavaScript: npm @bytecodealliance/componentize-js (into $MLXHOST_CACHE/tools/node_modules);
+#   Python:     pip componentize-py (into the venv $MLXHOST_CACHE/tools/venv-componentize-py).
+# Rust needs nothing beyond scripts/setup.sh. Prints nothing on success.
+set -euo pipefail
+CACHE="${MLXHOST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlxhost}"
+TOOLS="$CACHE/tools"
+mkdir -p "$TOOLS"
+WIT_BINDGEN_VERSION=0.48.1
+COMPONENTIZE_JS_VERSION=0.23.0
+COMPONENTIZE_PY_VERSION=0.25.1
+
+APT_PACKAGES=(clang-19 lld-19 wasi-libc libclang-rt-19-dev-wasm32)
+# Node.js: Debian's nodejs + npm unless a node with npm is already installed (e.g. NodeSource's,
+# which conflicts with Debian's npm package).
+command -v npm >/dev/null || APT_PACKAGES+=(nodejs npm)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup-examples: installing apt packages: ${missing[*]}" >&2
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ "$("$TOOLS/bin/wit-bindgen" --version 2>/dev/null | awk '{print $2}')" != "$WIT_BINDGEN_VERSION" ]; then
+  echo "setup-examples: cargo install wit-bindgen-cli $WIT_BINDGEN_VERSION (about 2 minutes)" >&2
+  cargo install --quiet --locked --root "$TOOLS" wit-bindgen-cli --version "$WIT_BINDGEN_VERSION"
+fi
+
+if [ ! -x "$TOOLS/node_modules/.bin/componentize-js" ] || \
+   [ "$(cd "$TOOLS" && node -p "require('@bytecodealliance/componentize-js/package.json').version" 2>/dev/null)" != "$COMPONENTIZE_JS_VERSION" ]; then
+  echo "setup-examples: npm install @bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION" >&2
+  (cd "$TOOLS" && npm install --silent --no-audit --no-fund --prefix "$TOOLS" "@bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION" >/dev/null)
+fi
+
+PYVENV="$TOOLS/venv-componentize-py"
+if [ ! -x "$PYVENV/bin/componentize-py" ] || ! "$PYVENV/bin/pip" show componentize-py 2>/dev/null | grep -q "^Version: $COMPONENTIZE_PY_VERSION$"; then
+  echo "setup-examples: pip install componentize-py==$COMPONENTIZE_PY_VERSION" >&2
+  python3 -m venv "$PYVENV"
+  "$PYVENV/bin/pip" install --quiet --disable-pip-version-check "componentize-py==$COMPONENTIZE_PY_VERSION"
+fi
