@@ -117,3 +117,20 @@ def test_hot_reload_adds_and_removes_plugins_without_dropping_in_flight_requests
             assert c.post("/v1/chat/completions", json=pick).status_code == 400
     finally:
         s.stop()
+
+
+def test_plugins_check_smoke_calls_each_plugin_and_names_failures(tmp_path):
+    from conftest import run_binary
+
+    good = run_binary("plugins", "check", str(PLUGINS))
+    assert good.returncode == 0, good.stdout + good.stderr
+    for name in ("standard", "mirostat", "repetition-penalty", "openai"):
+        assert name in good.stdout
+    assert good.stdout.count("smoke:") >= 7
+    bad = plugin_folder(tmp_path, "standard", "spin")
+    (bad / "broken").mkdir()
+    (bad / "broken" / "plugin.toml").write_text('name = "broken"\n')
+    out = run_binary("plugins", "check", str(bad))
+    assert out.returncode != 0
+    assert "spin" in out.stdout and "time limit" in out.stdout, out.stdout
+    assert "broken" in out.stdout and "skipped" in out.stdout
