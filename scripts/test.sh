@@ -11,6 +11,7 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
 cargo build --workspace -q
 ./scripts/build-plugins.sh
+./examples/build.sh 2>/dev/null
 if ! command -v cargo-nextest >/dev/null; then
   cargo install --locked cargo-nextest
 fi

@@ -260,7 +260,8 @@ fn new_store(engine: &Engine, memory_bytes: usize, deadline_ticks: u64) -> Store
     // allocator, which would abort with a less clear message).
     let store_limits = StoreLimitsBuilder::new()
         .memory_size(memory_bytes)
-        .instances(4)
+        // Components built by componentize-py link a dozen core instances.
+        .instances(64)
         .trap_on_grow_failure(true)
         .build();
     let mut store = Store::new(engine, PluginState::new(store_limits));
