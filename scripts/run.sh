@@ -5,7 +5,10 @@
 # `mlxhost serve` (e.g. --port 9000, --host 0.0.0.0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+echo "run: installing what is missing (scripts/setup.sh)" >&2
 ./scripts/setup.sh >/dev/null
-cargo build --release -q -p mlxhost
+echo "run: building mlxhost (release; the first build takes 10-20 minutes on 2 cores)" >&2
+cargo build --release -p mlxhost
+echo "run: building the plugins in plugins/ (scripts/build-plugins.sh)" >&2
 ./scripts/build-plugins.sh
 exec target/release/mlxhost serve --plugins plugins "$@"

