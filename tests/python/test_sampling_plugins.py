@@ -134,3 +134,18 @@ def test_plugins_check_smoke_calls_each_plugin_and_names_failures(tmp_path):
     assert out.returncode != 0
     assert "spin" in out.stdout and "time limit" in out.stdout, out.stdout
     assert "broken" in out.stdout and "skipped" in out.stdout
+
+
+def test_dry_penalizes_continuing_a_repeat_over_http(http):
+    # The prompt repeats a phrase; greedy decoding continues the repeat. DRY (llama.cpp's
+    # definition, checked against llama.cpp in tests/tests/plugin_goldens.rs) must change that.
+    messages = chat("Repeat after me exactly: the quick brown fox, the quick brown fox, the quick brown fox,")
+    base = {"messages": messages, "max_tokens": 20, "temperature": 0}
+    plain = http.post("/v1/chat/completions", json=base).json()["choices"][0]["message"]["content"]
+    dry = http.post("/v1/chat/completions", json={**base, "logits_processors": ["dry"],
+                                                  "plugin_params": {"dry": {"multiplier": 2.0}}})
+    assert dry.status_code == 200, dry.text
+    assert dry.json()["choices"][0]["message"]["content"] != plain
+    bad = http.post("/v1/chat/completions", json={**base, "logits_processors": ["dry"],
+                                                  "plugin_params": {"dry": {"base": 0.5}}})
+    assert bad.status_code == 400 and "`base`" in bad.json()["error"]["message"]

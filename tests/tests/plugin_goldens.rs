@@ -1,20 +1,35 @@
 //! First-party processor and sampler plugins, run through the real host on
-//! fixed logits, against golden values from other implementations
-//! (`tests/fixtures/processor_goldens.json`, made by
-//! `benches/make_processor_fixtures.py`: mlx-lm 0.32.2's processors, and a
-//! transcription of llama.cpp's mirostat v2), and OpenAI's published
-//! presence/frequency formula computed here.
+//! fixed logits, against golden values from other implementations:
+//! mlx-lm 0.32.2's processors (`tests/fixtures/processor_goldens.json`, made
+//! by `benches/make_processor_fixtures.py`), llama.cpp's own DRY and
+//! mirostat v2 samplers (`tests/fixtures/llama_cpp_goldens.json`, made by
+//! `benches/make_llama_cpp_fixtures.py` with llama-cpp-python 0.3.16 on
+//! SmolLM2's vocabulary), and OpenAI's published presence/frequency formula
+//! computed here.
 
 use mlx_rs::Array;
 use mlxhost::plugin::{PluginHost, PluginLimits, RowChain, SamplingParams};
 use serde_json::{json, Value};
 
 fn fixture() -> Value {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/fixtures/processor_goldens.json"
-    );
+    fixture_named("processor_goldens.json")
+}
+
+fn fixture_named(name: &str) -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name);
     serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("json")
+}
+
+/// The plugin host with SmolLM2's vocabulary lent to instances (for `dry`).
+fn host_with_vocab() -> PluginHost {
+    let host = host();
+    let tokenizer = mlxhost::model::load_tokenizer(&mlxhost_e2e::model_path()).expect("tokenizer");
+    host.set_vocab(std::sync::Arc::new(mlxhost::plugin::VocabView::new(
+        tokenizer,
+    )));
+    host
 }
 
 fn floats(v: &Value) -> Vec<f32> {
@@ -146,10 +161,70 @@ fn presence_and_frequency_penalties_follow_openais_formula_over_generated_tokens
 }
 
 #[test]
-fn mirostat_truncation_and_mu_follow_llama_cpp() {
-    let f = fixture();
+fn dry_penalties_match_llama_cpp() {
+    let f = fixture_named("llama_cpp_goldens.json");
+    let host = host_with_vocab();
+    let vocab = f["n_vocab"].as_u64().expect("n_vocab") as usize;
+    let zeros = vec![0.0f32; vocab];
+    for case in f["dry"].as_array().expect("dry") {
+        let p = &case["params"];
+        let plugin_params = json!({"dry": {
+            "multiplier": p["multiplier"], "base": p["base"], "allowed_length": p["allowed_length"],
+            "penalty_last_n": p["penalty_last_n"], "sequence_breakers": p["breakers"],
+        }});
+        let params = SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        };
+        let mut chain = RowChain::new(
+            &host,
+            "standard",
+            &["dry".to_string()],
+            &params,
+            &plugin_params,
+        )
+        .expect("chain");
+        let history = ids(&case["history"]);
+        let got = final_logits(&mut chain, &zeros, &history, history.len(), 0);
+        let got: Vec<(u32, f32)> = got
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| **x != 0.0)
+            .map(|(i, x)| (i as u32, -x))
+            .collect();
+        let want: Vec<(u32, f32)> = case["penalties"]
+            .as_array()
+            .expect("penalties")
+            .iter()
+            .map(|kv| {
+                (
+                    kv[0].as_u64().expect("id") as u32,
+                    kv[1].as_f64().expect("penalty") as f32,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got.len(),
+            want.len(),
+            "{:?} {p}: penalized ids {got:?} vs llama.cpp {want:?}",
+            case["text"]
+        );
+        for ((gi, gp), (wi, wp)) in got.iter().zip(&want) {
+            assert_eq!(gi, wi, "{:?} {p}", case["text"]);
+            assert!(
+                (gp - wp).abs() <= 1e-4 * wp.abs().max(1.0),
+                "{:?} {p}: token {gi}: {gp} vs {wp}",
+                case["text"]
+            );
+        }
+    }
+}
+
+#[test]
+fn mirostat_follows_llama_cpp_step_by_step() {
+    let f = fixture_named("llama_cpp_goldens.json");
     let host = host();
-    let logits = floats(&f["logits"]);
+    let logits = floats(&f["mirostat_logits"]);
     for case in f["mirostat"].as_array().expect("mirostat") {
         let params = SamplingParams {
             temperature: case["temperature"].as_f64().expect("t") as f32,
@@ -168,10 +243,10 @@ fn mirostat_truncation_and_mu_follow_llama_cpp() {
             assert_eq!(
                 kept,
                 ids(&s["kept"]),
-                "case {case:?} step {step}: kept set (depends on mu)"
+                "case {} step {step}: tokens kept (depends on mu)",
+                case["tau"]
             );
-            // Accept the fixture's token with its log-probability under the
-            // distribution the draw came from, as the decode loop does.
+            // Force llama.cpp's draw, with its probability under our distribution.
             let token = s["token"].as_u64().expect("token") as u32;
             let max = got.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
             let z: f32 = got
@@ -180,10 +255,10 @@ fn mirostat_truncation_and_mu_follow_llama_cpp() {
                 .map(|x| (x - max).exp())
                 .sum();
             let sampled = got[token as usize] - max - z.ln();
-            let p_chosen = s["p_chosen"].as_f64().expect("p") as f32;
+            let p = s["p_chosen"].as_f64().expect("p") as f32;
             assert!(
-                (sampled.exp() - p_chosen).abs() < 1e-4,
-                "step {step}: p {} vs {p_chosen}",
+                (sampled.exp() - p).abs() < 1e-4,
+                "step {step}: p {} vs llama.cpp {p}",
                 sampled.exp()
             );
             chain.accept(token, f32::NAN, sampled).expect("accept");

@@ -98,6 +98,9 @@ pub fn run(args: BenchChainArgs) -> anyhow::Result<()> {
     let plugins =
         PluginHost::load_dir(&args.plugins, PluginLimits::default()).context("--plugins")?;
     let model = args.model.load(false)?;
+    plugins.set_vocab(std::sync::Arc::new(mlxhost::plugin::VocabView::new(
+        model.tokenizer.clone(),
+    )));
     let template = model
         .template
         .as_ref()

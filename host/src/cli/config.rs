@@ -61,7 +61,7 @@ pub fn with_config(args: Vec<OsString>, known_flags: &[String]) -> anyhow::Resul
     let mut flags = Vec::new();
     for (key, value) in &table {
         let flag = key.replace('_', "-");
-        if flag == "config" || !known_flags.iter().any(|k| *k == flag) {
+        if flag == "config" || !known_flags.contains(&flag) {
             bail!(
                 "{}: unknown setting `{key}` (settings are `mlxhost serve` flags without the dashes: see docs/configuration.md)",
                 path.display()

@@ -68,6 +68,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         anyhow::bail!("--plugin-params must be a JSON object keyed by plugin name");
     }
     let model = args.model.load(false)?;
+    plugins.set_vocab(std::sync::Arc::new(mlxhost::plugin::VocabView::new(
+        model.tokenizer.clone(),
+    )));
     let template = model
         .template
         .as_ref()

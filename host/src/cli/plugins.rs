@@ -19,17 +19,29 @@ pub enum PluginsCommand {
         /// Plugins directory.
         #[arg(default_value = "plugins")]
         dir: PathBuf,
+        /// Model whose vocabulary the smoke calls see (plugins using the
+        /// `vocab` interface need one); default: the installed default model
+        /// when present.
+        #[arg(long, env = "MLXHOST_MODEL")]
+        model: Option<PathBuf>,
     },
 }
 
 pub fn run(cmd: PluginsCommand) -> anyhow::Result<()> {
-    let (dir, check) = match cmd {
-        PluginsCommand::List { dir } => (dir, false),
-        PluginsCommand::Check { dir } => (dir, true),
+    let (dir, check, model) = match cmd {
+        PluginsCommand::List { dir } => (dir, false, None),
+        PluginsCommand::Check { dir, model } => (dir, true, model),
     };
     {
         {
             let host = PluginHost::load_dir(&dir, PluginLimits::default())?;
+            if check {
+                let path = model.unwrap_or_else(mlxhost::model::default_model_path);
+                match mlxhost::model::load_tokenizer(&path) {
+                    Ok(t) => host.set_vocab(std::sync::Arc::new(mlxhost::plugin::VocabView::new(t))),
+                    Err(e) => println!("note: no vocabulary for the smoke calls ({e}); plugins using `vocab` will fail"),
+                }
+            }
             let mut failed = host.skipped.len();
             for p in host.plugins.values() {
                 let kinds: Vec<String> = p.manifest.kinds.iter().map(|k| k.to_string()).collect();

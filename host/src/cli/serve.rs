@@ -168,6 +168,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let summary_plugins = live.clone();
     server::run(config, load, move |ready| {
         let f = &ready.frontend;
+        summary_plugins.set_vocab(f.vocabulary.clone());
         eprintln!(
             "mlxhost: serving {} ({} compute, context {} tokens) at http://{}",
             f.model_id, f.compute, f.context, ready.addr

@@ -172,6 +172,19 @@ fn read_json(path: &Path) -> Result<serde_json::Value> {
     serde_json::from_str(&text).map_err(|e| ModelError::invalid(path, e))
 }
 
+/// Only the tokenizer of a model (a `.gguf` file's metadata or a
+/// directory's `tokenizer.json`), without loading weights: for tools that
+/// need the vocabulary (`mlxhost plugins check`).
+///
+/// Errors: a missing file, or metadata that does not describe a tokenizer.
+pub fn load_tokenizer(path: &Path) -> Result<TextTokenizer> {
+    if path.is_dir() {
+        TextTokenizer::from_file(&path.join("tokenizer.json"))
+    } else {
+        gguf::Gguf::open(path)?.tokenizer()
+    }
+}
+
 /// Reads an MLX model directory: config.json, *.safetensors, tokenizer.json,
 /// tokenizer_config.json (chat template, special tokens) and, when present,
 /// generation_config.json (more EOS ids).

@@ -25,6 +25,7 @@ pub mod processor {
         with: {
             "mlxhost:plugin/tensors": crate::plugin::bindings::sampler::mlxhost::plugin::tensors,
             "mlxhost:plugin/types": crate::plugin::bindings::sampler::mlxhost::plugin::types,
+            "mlxhost:plugin/vocab": crate::plugin::bindings::sampler::mlxhost::plugin::vocab,
         },
     });
 }

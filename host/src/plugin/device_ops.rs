@@ -66,7 +66,7 @@ pub fn scale(logits: &Array, temperature: f32) -> Result<Array> {
 
 /// `logits[ids[i]] += biases[i]`.
 pub fn add_bias(logits: &Array, ids: &[u32], biases: &[f32]) -> Result<Array> {
-    ops::add(logits, &dense(vocab(logits), ids, biases, 0.0, true))
+    ops::add(logits, dense(vocab(logits), ids, biases, 0.0, true))
 }
 
 /// `logits[ids] = -inf`.

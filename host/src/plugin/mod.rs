@@ -12,8 +12,10 @@ pub mod runtime;
 pub mod session;
 pub mod smoke;
 pub mod tensors;
+pub mod vocab;
 
 pub use manifest::{Kind, Manifest};
 pub use reload::LivePlugins;
 pub use runtime::{PluginError, PluginHost, PluginLimits};
 pub use session::{RowChain, SamplingParams};
+pub use vocab::VocabView;

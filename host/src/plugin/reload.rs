@@ -24,6 +24,7 @@ pub struct LivePlugins {
     current: RwLock<Arc<PluginHost>>,
     loaded_stamp: Mutex<Stamp>,
     last_seen: Mutex<Stamp>,
+    vocab: std::sync::OnceLock<Arc<super::vocab::VocabView>>,
 }
 
 fn stamp(dir: &Path) -> Stamp {
@@ -58,7 +59,14 @@ impl LivePlugins {
             current: RwLock::new(Arc::new(host)),
             loaded_stamp: Mutex::new(before.clone()),
             last_seen: Mutex::new(before),
+            vocab: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Lends the model's vocabulary to the current plugins and every reload.
+    pub fn set_vocab(&self, vocab: Arc<super::vocab::VocabView>) {
+        let _ = self.vocab.set(vocab.clone());
+        self.current().set_vocab(vocab);
     }
 
     /// The plugins new requests use.
@@ -84,6 +92,9 @@ impl LivePlugins {
         }
         match PluginHost::load_dir(&self.dir, self.limits) {
             Ok(host) => {
+                if let Some(v) = self.vocab.get() {
+                    host.set_vocab(v.clone());
+                }
                 let host = Arc::new(host);
                 *loaded = now;
                 let names: Vec<&str> = host.plugins.keys().map(String::as_str).collect();

@@ -151,6 +151,8 @@ pub struct PluginHost {
     pub skipped: Vec<Skipped>,
     /// Instance limits.
     pub limits: PluginLimits,
+    /// The model's vocabulary, lent to every instance (set once a model is loaded).
+    vocab: std::sync::OnceLock<Arc<super::vocab::VocabView>>,
     _ticker: Arc<EpochTicker>,
 }
 
@@ -210,18 +212,27 @@ impl PluginHost {
             plugins,
             skipped,
             limits,
+            vocab: std::sync::OnceLock::new(),
             _ticker: ticker,
         })
     }
 
     /// A fresh store for one instance of a plugin of `kind`, with this
-    /// host's memory cap for that kind.
+    /// host's memory cap for that kind and the model's vocabulary.
     pub fn new_store(&self, kind: Kind) -> Store<PluginState> {
         let memory = match kind {
             Kind::ApiAdapter => self.limits.adapter_memory_bytes,
             _ => self.limits.memory_bytes,
         };
-        new_store(&self.engine, memory, self.limits.deadline_ticks(kind))
+        let mut store = new_store(&self.engine, memory, self.limits.deadline_ticks(kind));
+        store.data_mut().vocab = self.vocab.get().cloned();
+        store
+    }
+
+    /// Lends the model's vocabulary to instances created from now on (the
+    /// first call wins: one model per host).
+    pub fn set_vocab(&self, vocab: Arc<super::vocab::VocabView>) {
+        let _ = self.vocab.set(vocab);
     }
 
     /// The per-call deadline of `kind` in epoch ticks.

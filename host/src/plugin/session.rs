@@ -206,7 +206,9 @@ pub(crate) fn trap_cause(e: &wasmtime::Error) -> String {
             other => format!("trapped: {other}"),
         };
     }
-    let text = format!("{e:#}");
+    // A host call that failed: its own message is the root cause (the
+    // outer layers only say "error while executing at wasm backtrace").
+    let text = e.root_cause().to_string();
     // StoreLimits' trap_on_grow_failure reports a refused memory.grow.
     if text.contains("memory") && text.contains("grow") {
         return format!("exceeded its memory limit ({text})");

@@ -38,20 +38,24 @@ pub struct TokenHandle {
     pub array: Array,
 }
 
-/// Per-store host state: the resource table and the store's limits.
+/// Per-store host state: the resource table, the store's limits and the
+/// model's vocabulary (for the `vocab` interface).
 pub struct PluginState {
     /// Handles lent to the guest.
     pub table: ResourceTable,
     /// Memory limits of this instance.
     pub limits: wasmtime::StoreLimits,
+    /// The model's vocabulary; `None` before a model is loaded.
+    pub vocab: Option<std::sync::Arc<super::vocab::VocabView>>,
 }
 
 impl PluginState {
-    /// Fresh state with the given limits.
+    /// Fresh state with the given limits and no vocabulary.
     pub fn new(limits: wasmtime::StoreLimits) -> Self {
         PluginState {
             table: ResourceTable::new(),
             limits,
+            vocab: None,
         }
     }
 

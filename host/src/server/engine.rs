@@ -16,7 +16,7 @@ use crate::plugin::PluginHost;
 
 /// What request handlers need from the model without touching the engine
 /// thread: the tokenizer, the chat template and the model's limits.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Frontend {
     /// The id clients see (`model` in responses).
     pub model_id: String,
@@ -32,6 +32,8 @@ pub struct Frontend {
     pub vocab: usize,
     /// Compute path, for the startup summary.
     pub compute: String,
+    /// The vocabulary lent to plugins (also to plugins loaded by hot reload).
+    pub vocabulary: Arc<crate::plugin::VocabView>,
 }
 
 /// Events a job sends back, in order: `Started`, then `Token`/`Text`
@@ -119,6 +121,8 @@ pub fn spawn(
                     return;
                 }
             };
+            let vocab = Arc::new(crate::plugin::VocabView::new(model.tokenizer.clone()));
+            plugins.set_vocab(vocab.clone());
             if let Err(e) = warm_up(&model, &plugins, &warmup_sampler) {
                 let _ = ready.send(Err(format!("warm-up generation failed: {e}")));
                 return;
@@ -131,6 +135,7 @@ pub fn spawn(
                 context: model.model.config.max_position_embeddings,
                 vocab: model.model.config.vocab_size,
                 compute: format!("{:?}", model.compute),
+                vocabulary: vocab,
             };
             if ready.send(Ok(frontend)).is_err() {
                 return;

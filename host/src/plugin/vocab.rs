@@ -1,0 +1,127 @@
+//! Host side of the `vocab` interface: the model's tokenizer, read-only,
+//! for plugins that reason about text (DRY's sequence breakers).
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use super::bindings::sampler::mlxhost::plugin::vocab::Host;
+use super::tensors::PluginState;
+use crate::model::TextTokenizer;
+
+/// (head token, tail tokens): one way a token can begin a text.
+pub type TokenSequence = (u32, Vec<u32>);
+
+/// A tokenizer plus what plugins ask of it repeatedly, computed once.
+pub struct VocabView {
+    tokenizer: TextTokenizer,
+    /// Every token's bytes, by id (built on first use: ~V small vectors).
+    pieces: OnceLock<Vec<Vec<u8>>>,
+    /// `token-sequences-for` results by (text, max tail).
+    sequences: Mutex<HashMap<(String, u32), Vec<TokenSequence>>>,
+}
+
+impl VocabView {
+    /// Wraps `tokenizer`.
+    pub fn new(tokenizer: TextTokenizer) -> Self {
+        VocabView {
+            tokenizer,
+            pieces: OnceLock::new(),
+            sequences: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn pieces(&self) -> &[Vec<u8>] {
+        self.pieces.get_or_init(|| {
+            (0..self.tokenizer.vocab_size() as u32)
+                .map(|id| self.tokenizer.token_bytes(id))
+                .collect()
+        })
+    }
+
+    /// llama.cpp's `get_overlapping_token_sequences` (src/llama-sampling.cpp,
+    /// b6000-era): for every token, if its bytes contain `text` the token is
+    /// a head with an empty tail; otherwise every position where the token's
+    /// bytes end with a prefix of `text` gives the tokenization of the rest
+    /// as a tail (cut to `max_tail` ids, duplicates dropped).
+    ///
+    /// Errors: the tokenizer failing on the rest of `text`.
+    pub fn token_sequences_for(
+        &self,
+        text: &str,
+        max_tail: u32,
+    ) -> Result<Vec<(u32, Vec<u32>)>, String> {
+        let key = (text.to_string(), max_tail);
+        if let Some(hit) = self
+            .sequences
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).cloned())
+        {
+            return Ok(hit);
+        }
+        let needle = text.as_bytes();
+        let mut out: Vec<TokenSequence> = Vec::new();
+        if let Some(&first) = needle.first() {
+            for (id, word) in self.pieces().iter().enumerate() {
+                let id = id as u32;
+                if word.windows(needle.len()).any(|w| w == needle) {
+                    out.push((id, Vec::new()));
+                    continue;
+                }
+                for pos in (0..word.len()).filter(|&p| word[p] == first) {
+                    // The word's tail from `pos` must be a prefix of `text`.
+                    let overlap = word.len() - pos;
+                    if overlap >= needle.len() || word[pos..] != needle[..overlap] {
+                        continue;
+                    }
+                    let rest = String::from_utf8_lossy(&needle[overlap..]);
+                    let mut tail = self.tokenizer.encode(&rest).map_err(|e| e.to_string())?;
+                    tail.truncate(max_tail as usize);
+                    if !out.iter().any(|(h, t)| *h == id && *t == tail) {
+                        out.push((id, tail));
+                    }
+                }
+            }
+        }
+        if let Ok(mut m) = self.sequences.lock() {
+            m.insert(key, out.clone());
+        }
+        Ok(out)
+    }
+}
+
+impl PluginState {
+    fn vocab_view(&self) -> wasmtime::Result<&VocabView> {
+        match &self.vocab {
+            Some(v) => Ok(v),
+            None => {
+                wasmtime::bail!("vocab: no model vocabulary is available here (no model loaded)")
+            }
+        }
+    }
+}
+
+impl Host for PluginState {
+    fn encode(&mut self, text: String) -> wasmtime::Result<Vec<u32>> {
+        Ok(self.vocab_view()?.tokenizer.encode(&text)?)
+    }
+
+    fn token_bytes(&mut self, id: u32) -> wasmtime::Result<Vec<u8>> {
+        Ok(self
+            .vocab_view()?
+            .pieces()
+            .get(id as usize)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    fn token_sequences_for(
+        &mut self,
+        text: String,
+        max_tail: u32,
+    ) -> wasmtime::Result<Vec<(u32, Vec<u32>)>> {
+        self.vocab_view()?
+            .token_sequences_for(&text, max_tail)
+            .map_err(wasmtime::Error::msg)
+    }
+}
