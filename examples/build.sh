@@ -32,4 +32,3 @@ clang-19 --target=wasm32-wasi -mexec-model=reactor -O2 -I "$GEN" \
 # Python: componentize-py with WASI stubbed out.
 (cd "$EX/no-repeat-py" && "$TOOLS/venv-componentize-py/bin/componentize-py" -d "$WIT" -w logits-processor-plugin \
   componentize app -o no-repeat-py.wasm --stub-wasi >/dev/null)
-ls -la "$EX"/no-repeat-*/*.wasm >&2

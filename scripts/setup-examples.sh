@@ -33,14 +33,21 @@ if [ "$("$TOOLS/bin/wit-bindgen" --version 2>/dev/null | awk '{print $2}')" != "
   cargo install --quiet --locked --root "$TOOLS" wit-bindgen-cli --version "$WIT_BINDGEN_VERSION"
 fi
 
-if [ ! -x "$TOOLS/node_modules/.bin/componentize-js" ] || \
-   [ "$(cd "$TOOLS" && node -p "require('@bytecodealliance/componentize-js/package.json').version" 2>/dev/null)" != "$COMPONENTIZE_JS_VERSION" ]; then
+installed_version() {  # $1 = package.json path
+  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["version"])' "$1" 2>/dev/null || true
+}
+if [ "$(installed_version "$TOOLS/node_modules/@bytecodealliance/componentize-js/package.json")" != "$COMPONENTIZE_JS_VERSION" ] || \
+   [ ! -d "$TOOLS/node_modules/@bytecodealliance/preview2-shim" ]; then
   echo "setup-examples: npm install @bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION" >&2
-  (cd "$TOOLS" && npm install --silent --no-audit --no-fund --prefix "$TOOLS" "@bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION" >/dev/null)
+  printf '{"private": true, "dependencies": {"@bytecodealliance/componentize-js": "%s"}}\n' "$COMPONENTIZE_JS_VERSION" \
+    > "$TOOLS/package.json"
+  rm -rf "$TOOLS/node_modules" "$TOOLS/package-lock.json"
+  (cd "$TOOLS" && npm install --silent --no-audit --no-fund >/dev/null)
 fi
 
 PYVENV="$TOOLS/venv-componentize-py"
-if [ ! -x "$PYVENV/bin/componentize-py" ] || ! "$PYVENV/bin/pip" show componentize-py 2>/dev/null | grep -q "^Version: $COMPONENTIZE_PY_VERSION$"; then
+py_version=$("$PYVENV/bin/python" -c "import importlib.metadata as m; print(m.version('componentize-py'))" 2>/dev/null || true)
+if [ "$py_version" != "$COMPONENTIZE_PY_VERSION" ]; then
   echo "setup-examples: pip install componentize-py==$COMPONENTIZE_PY_VERSION" >&2
   python3 -m venv "$PYVENV"
   "$PYVENV/bin/pip" install --quiet --disable-pip-version-check "componentize-py==$COMPONENTIZE_PY_VERSION"

@@ -11,7 +11,7 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
 cargo build --workspace -q
 ./scripts/build-plugins.sh
-./examples/build.sh 2>/dev/null
+./examples/build.sh
 if ! command -v cargo-nextest >/dev/null; then
   cargo install --locked cargo-nextest
 fi
