@@ -157,13 +157,13 @@ pub fn run(args: BenchChainArgs) -> anyhow::Result<()> {
             &effective,
             &req.plugin_params,
         )?;
-        let wasm = engine::generate_with(&model, &mut chain, &req, |_| {}, || false)?;
+        let wasm = engine::generate_with(&model, &mut chain, &req, None, |_| {}, || false)?;
         let mut native = NativeChain {
             params: effective.clone(),
             seed: effective.seed.unwrap_or(0),
             time: Duration::ZERO,
         };
-        let nat = engine::generate_with(&model, &mut native, &req, |_| {}, || false)?;
+        let nat = engine::generate_with(&model, &mut native, &req, None, |_| {}, || false)?;
         if pair == 0 {
             continue;
         }

@@ -110,6 +110,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         &model,
         &plugins,
         &req,
+        None,
         |ev| {
             if let GenerateEvent::Text(t) = ev {
                 let _ = out.write_all(t.as_bytes());

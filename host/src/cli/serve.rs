@@ -69,6 +69,10 @@ pub struct ServeArgs {
     /// plugins apply to new requests); 0 turns hot reload off.
     #[arg(long, default_value_t = 1000)]
     plugins_poll_ms: u64,
+    /// RAM prompt cache: KV of finished requests reused for the longest
+    /// shared prefix of new prompts, capped at this many GiB (0 disables it).
+    #[arg(long, default_value_t = 1.0)]
+    prompt_cache: f64,
     /// Linear memory cap per sampler/processor instance, MiB.
     #[arg(long, default_value_t = 64)]
     plugin_memory: usize,
@@ -89,6 +93,12 @@ pub struct ServeArgs {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.temp.is_nan() || args.temp < 0.0 {
         anyhow::bail!("--temp must be >= 0, got {}", args.temp);
+    }
+    if !(args.prompt_cache >= 0.0 && args.prompt_cache.is_finite()) {
+        anyhow::bail!(
+            "--prompt-cache must be a size in GiB >= 0, got {}",
+            args.prompt_cache
+        );
     }
     if args.max_tokens == 0 {
         anyhow::bail!("--max-tokens must be at least 1");
@@ -164,6 +174,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         body_limit: args.body_limit << 20,
         drain: Duration::from_secs(args.shutdown_timeout),
+        prompt_cache_bytes: (args.prompt_cache * (1u64 << 30) as f64) as usize,
     };
     let summary_plugins = live.clone();
     server::run(config, load, move |ready| {

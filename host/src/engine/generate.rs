@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use mlx_rs::{ops::indexing::IndexOp, transforms::eval, Array, Dtype};
 
 use super::detokenize::{Detokenizer, StopMatcher};
+use crate::cache::PromptCache;
 use crate::model::{LoadedModel, ModelError, RowInput};
 use crate::plugin::session::{Chosen, RowChain, StepOutput};
 use crate::plugin::{PluginError, PluginHost, SamplingParams};
@@ -75,6 +76,8 @@ pub struct GenerateSummary {
     pub finish_reason: FinishReason,
     /// Prompt tokens.
     pub prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the prompt cache (not prefilled).
+    pub cached_tokens: usize,
     /// Generated tokens (EOS included when it ended generation).
     pub completion_tokens: usize,
     /// Prefill wall time.
@@ -199,6 +202,7 @@ pub fn generate(
     model: &LoadedModel,
     plugins: &PluginHost,
     req: &GenerateRequest,
+    prompt_cache: Option<&mut PromptCache>,
     on_event: impl FnMut(GenerateEvent),
     cancelled: impl Fn() -> bool,
 ) -> Result<GenerateSummary, GenerateError> {
@@ -211,7 +215,7 @@ pub fn generate(
         &params,
         &req.plugin_params,
     )?;
-    generate_with(model, &mut chain, req, on_event, cancelled)
+    generate_with(model, &mut chain, req, prompt_cache, on_event, cancelled)
 }
 
 fn validate(model: &LoadedModel, req: &GenerateRequest) -> Result<(), GenerateError> {
@@ -234,11 +238,20 @@ fn validate(model: &LoadedModel, req: &GenerateRequest) -> Result<(), GenerateEr
     Ok(())
 }
 
-/// The decode loop with a given token chain (see [`generate`]).
+/// The KV scheme a cache entry was computed under (cache namespace): KV
+/// from one compute path never seeds another.
+fn kv_namespace(model: &LoadedModel) -> String {
+    format!("{:?}", model.compute)
+}
+
+/// The decode loop with a given token chain (see [`generate`]). With a
+/// prompt cache, the longest cached prefix of the prompt is reused instead
+/// of prefilled, and the finished row's KV is stored for later requests.
 pub fn generate_with(
     model: &LoadedModel,
     chain: &mut impl TokenChain,
     req: &GenerateRequest,
+    mut prompt_cache: Option<&mut PromptCache>,
     mut on_event: impl FnMut(GenerateEvent),
     cancelled: impl Fn() -> bool,
 ) -> Result<GenerateSummary, GenerateError> {
@@ -250,10 +263,17 @@ pub fn generate_with(
 
     // Prefill in chunks; logits only for the last prompt position.
     let started = Instant::now();
-    let mut cache = llama.new_cache();
     let prompt = &req.prompt_ids;
+    let namespace = kv_namespace(model);
+    let reuse = prompt_cache
+        .as_deref_mut()
+        .and_then(|c| c.lookup(&namespace, prompt));
+    let (mut cache, cached_tokens) = match reuse {
+        Some(r) => (r.kv, r.reused),
+        None => (llama.new_cache(), 0),
+    };
     let mut logits = None;
-    let mut pos = 0;
+    let mut pos = cached_tokens;
     while pos < prompt.len() {
         let end = (pos + PREFILL_CHUNK).min(prompt.len());
         let last = end == prompt.len();
@@ -386,9 +406,16 @@ pub fn generate_with(
             on_event(GenerateEvent::Text(rest.emit));
         }
     }
+    if let Some(c) = prompt_cache {
+        // The KV holds exactly the tokens fed so far (the last sampled token
+        // is never fed).
+        let fed = cache.offset().min(ids.len());
+        c.insert(&namespace, ids[..fed].to_vec(), cache);
+    }
     Ok(GenerateSummary {
         finish_reason: finish,
         prompt_tokens: prompt.len(),
+        cached_tokens,
         completion_tokens: generated,
         prefill,
         decode: decode_started.elapsed(),

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::cache::{PromptCache, PromptCacheStats};
 use crate::engine::{self, GenerateError, GenerateEvent, GenerateRequest, GenerateSummary};
 use crate::model::{ChatTemplate, LoadedModel, TextTokenizer};
 use crate::plugin::PluginHost;
@@ -71,6 +72,8 @@ pub struct Job {
 /// The HTTP side's handle on the engine thread.
 pub struct EngineHandle {
     jobs: mpsc::Sender<Job>,
+    /// The prompt cache's counters, refreshed after every job.
+    pub cache_stats: Arc<std::sync::Mutex<PromptCacheStats>>,
     /// Set at shutdown once the drain period is over: running jobs stop at
     /// their next step.
     pub cancel_all: Arc<AtomicBool>,
@@ -105,9 +108,14 @@ pub fn spawn(
     load: Box<dyn FnOnce() -> Result<(LoadedModel, String), String> + Send>,
     plugins: Arc<PluginHost>,
     warmup_sampler: String,
+    prompt_cache_bytes: usize,
     ready: tokio::sync::oneshot::Sender<Result<Frontend, String>>,
 ) -> std::io::Result<EngineHandle> {
     let (tx, rx) = mpsc::channel::<Job>();
+    let cache_stats = Arc::new(std::sync::Mutex::new(
+        PromptCache::new(prompt_cache_bytes).stats(),
+    ));
+    let stats = cache_stats.clone();
     let cancel_all = Arc::new(AtomicBool::new(false));
     let queued = Arc::new(AtomicUsize::new(0));
     let (c, q) = (cancel_all.clone(), queued.clone());
@@ -141,13 +149,19 @@ pub fn spawn(
                 return;
             }
             drop(plugins);
+            // The prompt cache lives here, beside the model whose KV it holds.
+            let mut prompt_cache = PromptCache::new(prompt_cache_bytes);
             while let Ok(job) = rx.recv() {
-                run_job(&model, job, &c);
+                run_job(&model, job, &c, &mut prompt_cache);
+                if let Ok(mut s) = stats.lock() {
+                    *s = prompt_cache.stats();
+                }
                 q.fetch_sub(1, Ordering::Relaxed);
             }
         })?;
     Ok(EngineHandle {
         jobs: tx,
+        cache_stats,
         cancel_all,
         queued,
     })
@@ -171,12 +185,12 @@ fn warm_up(model: &LoadedModel, plugins: &PluginHost, sampler: &str) -> Result<(
         plugin_params: serde_json::json!({}),
         top_logprobs: 0,
     };
-    engine::generate(model, plugins, &req, |_| {}, || false)
+    engine::generate(model, plugins, &req, None, |_| {}, || false)
         .map(|_| ())
         .map_err(|e| e.to_string())
 }
 
-fn run_job(model: &LoadedModel, job: Job, cancel_all: &AtomicBool) {
+fn run_job(model: &LoadedModel, job: Job, cancel_all: &AtomicBool, prompt_cache: &mut PromptCache) {
     let Job {
         request_id,
         request,
@@ -196,6 +210,7 @@ fn run_job(model: &LoadedModel, job: Job, cancel_all: &AtomicBool) {
         model,
         &plugins,
         &request,
+        Some(prompt_cache),
         |ev| {
             let out = match ev {
                 GenerateEvent::Started => JobEvent::Started,
@@ -217,6 +232,7 @@ fn run_job(model: &LoadedModel, job: Job, cancel_all: &AtomicBool) {
         Ok(summary) => {
             tracing::info!(
                 prompt_tokens = summary.prompt_tokens,
+                cached_tokens = summary.cached_tokens,
                 completion_tokens = summary.completion_tokens,
                 ttft_ms = first_token.map(|d| d.as_millis() as u64),
                 decode_tok_s = format!("{:.1}", summary.decode_tok_s()),

@@ -92,6 +92,22 @@ pub async fn health(State(app): State<Arc<AppState>>) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
+/// `GET /stats`: the prompt cache's counters (hits, misses, tokens
+/// reused, entries, bytes, cap, evictions) and the requests in flight.
+pub async fn stats(State(app): State<Arc<AppState>>) -> Response {
+    let cache = app
+        .engine
+        .cache_stats
+        .lock()
+        .map(|s| s.clone())
+        .unwrap_or_default();
+    axum::Json(serde_json::json!({
+        "in_flight": app.engine.in_flight(),
+        "prompt_cache": cache,
+    }))
+    .into_response()
+}
+
 /// Every other route: find the adapter, let it handle the request.
 pub async fn dispatch(
     State(app): State<Arc<AppState>>,
@@ -406,6 +422,7 @@ fn finished_update(
     update.usage = Some(Usage {
         prompt_tokens: summary.prompt_tokens as u32,
         completion_tokens: summary.completion_tokens as u32,
+        cached_tokens: summary.cached_tokens as u32,
     });
     Ok(update)
 }

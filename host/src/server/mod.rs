@@ -37,6 +37,8 @@ pub struct ServeConfig {
     /// After SIGTERM/SIGINT, how long in-flight requests may finish before
     /// they are cancelled.
     pub drain: Duration,
+    /// RAM prompt cache cap, bytes (0 disables it).
+    pub prompt_cache_bytes: usize,
 }
 
 /// Errors that stop the server.
@@ -98,7 +100,7 @@ pub fn adapter_routes(plugins: &PluginHost) -> Vec<(String, String, String)> {
             continue;
         }
         for (method, path) in &p.routes {
-            if path == "/health" {
+            if path == "/health" || path == "/stats" {
                 tracing::debug!(adapter = %p.manifest.name, "route /health is the host's; ignored");
                 continue;
             }
@@ -129,6 +131,7 @@ async fn serve(
         load,
         config.plugins.current(),
         config.defaults.sampler.clone(),
+        config.prompt_cache_bytes,
         ready_tx,
     )?;
     let routes = adapter_routes(&config.plugins.current());
@@ -142,6 +145,7 @@ async fn serve(
     });
     let router = axum::Router::new()
         .route("/health", get(http::health))
+        .route("/stats", get(http::stats))
         .fallback(http::dispatch)
         // The host enforces the limit itself (with a dialect-shaped 413).
         .layer(axum::extract::DefaultBodyLimit::disable())

@@ -1,0 +1,232 @@
+//! The RAM prompt cache: KV caches of finished requests, reused for the
+//! longest usable prefix of a new prompt (agents resend growing
+//! conversations; re-prefilling them dominates a local server's latency).
+//!
+//! Entries are keyed by a namespace (the KV scheme today: compute dtype; the
+//! LoRA adapter set and KV quantization join it when they exist, so KV
+//! computed under one never seeds another) and the token ids the KV holds.
+//! A lookup takes the entry sharing the longest prefix with the prompt,
+//! clones its KV (MLX arrays are immutable values: the clone shares memory
+//! until written) and trims it to the shared prefix, which a full-attention
+//! cache allows. At least one prompt token is always left to prefill, so
+//! the step has logits. Memory is capped in bytes (the KV allocation,
+//! capacity included); the least recently used entries go first.
+
+use crate::cache::kv::KvCache;
+
+/// Counters for `GET /stats`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PromptCacheStats {
+    /// Lookups that reused at least one token.
+    pub hits: u64,
+    /// Lookups that reused nothing.
+    pub misses: u64,
+    /// Prompt tokens not prefilled thanks to the cache (sum over hits).
+    pub tokens_reused: u64,
+    /// Entries held.
+    pub entries: usize,
+    /// Bytes held (KV allocations).
+    pub bytes: usize,
+    /// The byte cap (`--prompt-cache`).
+    pub max_bytes: usize,
+    /// Entries evicted to stay under the cap.
+    pub evictions: u64,
+}
+
+struct Entry {
+    namespace: String,
+    tokens: Vec<u32>,
+    kv: KvCache,
+    bytes: usize,
+    last_used: u64,
+}
+
+/// A byte-capped LRU of KV caches keyed by (namespace, token prefix).
+pub struct PromptCache {
+    max_bytes: usize,
+    entries: Vec<Entry>,
+    clock: u64,
+    stats: PromptCacheStats,
+}
+
+/// A reusable prefix: the KV (trimmed to `reused` positions).
+pub struct Reuse {
+    /// KV holding the first `reused` prompt tokens.
+    pub kv: KvCache,
+    /// Prompt tokens covered.
+    pub reused: usize,
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl PromptCache {
+    /// An empty cache holding at most `max_bytes` (0 disables it).
+    pub fn new(max_bytes: usize) -> Self {
+        PromptCache {
+            max_bytes,
+            entries: Vec::new(),
+            clock: 0,
+            stats: PromptCacheStats {
+                max_bytes,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Whether the cache stores anything at all.
+    pub fn enabled(&self) -> bool {
+        self.max_bytes > 0
+    }
+
+    /// The longest usable cached prefix of `prompt` in `namespace`, at most
+    /// `prompt.len() - 1` tokens. Counts a hit or a miss.
+    pub fn lookup(&mut self, namespace: &str, prompt: &[u32]) -> Option<Reuse> {
+        if !self.enabled() || prompt.len() < 2 {
+            return None;
+        }
+        self.clock += 1;
+        let limit = prompt.len() - 1;
+        let best = self
+            .entries
+            .iter_mut()
+            .filter(|e| e.namespace == namespace)
+            .map(|e| (common_prefix(&e.tokens, prompt).min(limit), e))
+            .filter(|(n, _)| *n > 0)
+            .max_by_key(|(n, e)| (*n, e.last_used));
+        match best {
+            Some((reused, entry)) => {
+                entry.last_used = self.clock;
+                let mut kv = entry.kv.clone();
+                kv.truncate(reused);
+                self.stats.hits += 1;
+                self.stats.tokens_reused += reused as u64;
+                Some(Reuse { kv, reused })
+            }
+            None => {
+                self.stats.misses += 1;
+                None
+            }
+        }
+    }
+
+    /// Stores the KV of `tokens` (exactly the positions `kv` holds). Entries
+    /// that are a prefix of `tokens` are replaced (this one covers them);
+    /// then the least recently used go until the cap holds. An entry larger
+    /// than the whole cap is not stored.
+    pub fn insert(&mut self, namespace: &str, tokens: Vec<u32>, kv: KvCache) {
+        if !self.enabled() || tokens.is_empty() || kv.offset() != tokens.len() {
+            return;
+        }
+        let bytes = kv.nbytes();
+        if bytes > self.max_bytes {
+            return;
+        }
+        self.clock += 1;
+        self.entries.retain(|e| {
+            !(e.namespace == namespace
+                && e.tokens.len() <= tokens.len()
+                && tokens[..e.tokens.len()] == e.tokens[..])
+        });
+        self.entries.push(Entry {
+            namespace: namespace.to_string(),
+            tokens,
+            kv,
+            bytes,
+            last_used: self.clock,
+        });
+        while self.bytes() > self.max_bytes {
+            let Some((oldest, _)) = self
+                .entries
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, e)| e.last_used)
+            else {
+                break;
+            };
+            self.entries.remove(oldest);
+            self.stats.evictions += 1;
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.entries.iter().map(|e| e.bytes).sum()
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> PromptCacheStats {
+        PromptCacheStats {
+            entries: self.entries.len(),
+            bytes: self.bytes(),
+            ..self.stats.clone()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_rs::ops;
+
+    /// A KV cache of `n` positions (1 layer, 1 head, dim 4) worth 256*4*4*2 bytes.
+    fn kv(n: usize) -> KvCache {
+        let mut c = KvCache::new(1);
+        let k = ops::ones::<f32>(&[1, 1, n as i32, 4]).unwrap();
+        c.update(0, &k, &k).unwrap();
+        c.advance(n);
+        c
+    }
+
+    #[test]
+    fn reuses_the_longest_prefix_and_leaves_one_token_to_prefill() {
+        let mut cache = PromptCache::new(1 << 30);
+        cache.insert("f32", vec![1, 2, 3, 4], kv(4));
+        cache.insert("f32", vec![1, 2, 9], kv(3));
+        let r = cache.lookup("f32", &[1, 2, 3, 4, 5]).unwrap();
+        assert_eq!((r.reused, r.kv.offset()), (4, 4));
+        // The whole prompt is cached: one token is still prefilled.
+        let r = cache.lookup("f32", &[1, 2, 3, 4]).unwrap();
+        assert_eq!(r.reused, 3);
+        // A divergent tail is trimmed away.
+        let r = cache.lookup("f32", &[1, 2, 3, 7, 7]).unwrap();
+        assert_eq!((r.reused, r.kv.offset()), (3, 3));
+        assert!(cache.lookup("f32", &[5, 6]).is_none());
+        let s = cache.stats();
+        assert_eq!((s.hits, s.misses, s.tokens_reused), (3, 1, 10));
+    }
+
+    #[test]
+    fn namespaces_never_seed_each_other() {
+        let mut cache = PromptCache::new(1 << 30);
+        cache.insert("float32", vec![1, 2, 3], kv(3));
+        assert!(cache.lookup("native", &[1, 2, 3, 4]).is_none());
+        assert!(cache.lookup("float32", &[1, 2, 3, 4]).is_some());
+    }
+
+    #[test]
+    fn evicts_least_recently_used_first_and_replaces_covered_prefixes() {
+        let one = kv(3).nbytes();
+        let mut cache = PromptCache::new(2 * one);
+        cache.insert("n", vec![1, 1, 1], kv(3));
+        cache.insert("n", vec![2, 2, 2], kv(3));
+        // Touch [1, 1, 1] so [2, 2, 2] is the least recently used.
+        assert!(cache.lookup("n", &[1, 1, 1, 5]).is_some());
+        cache.insert("n", vec![3, 3, 3], kv(3));
+        assert!(cache.lookup("n", &[2, 2, 2, 5]).is_none(), "evicted");
+        assert!(cache.lookup("n", &[1, 1, 1, 5]).is_some());
+        assert!(cache.lookup("n", &[3, 3, 3, 5]).is_some());
+        assert_eq!(cache.stats().evictions, 1);
+        // A longer conversation replaces the entry it extends.
+        cache.insert("n", vec![3, 3, 3, 4], kv(4));
+        assert_eq!(cache.stats().entries, 2);
+    }
+
+    #[test]
+    fn zero_bytes_disables_it() {
+        let mut cache = PromptCache::new(0);
+        cache.insert("n", vec![1, 2], kv(2));
+        assert!(cache.lookup("n", &[1, 2, 3]).is_none());
+        assert_eq!(cache.stats().entries, 0);
+    }
+}
