@@ -6,19 +6,9 @@
 #   benches/generate.sh                 # MAX_TOKENS=64 (mlx-lm 4-bit: NATIVE_MAX_TOKENS=4)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CACHE="${MLXHOST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlxhost}"
 MAX_TOKENS="${MAX_TOKENS:-64}"; NATIVE_MAX_TOKENS="${NATIVE_MAX_TOKENS:-4}"
-./scripts/setup.sh >/dev/null
-cargo build --release -q -p mlxhost
+. benches/side_by_side.sh
 ./scripts/build-plugins.sh
-BIN=target/release/mlxhost
-MLX_DIR="$CACHE/models/SmolLM2-135M-Instruct-mlx"
-[ -f "$MLX_DIR/model.safetensors" ] || "$BIN" convert "$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf" "$MLX_DIR"
-VENV="$CACHE/venv-mlx-lm-0.32.2"
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import mlx_lm" 2>/dev/null; then
-  python3 -m venv "$VENV"; "$VENV/bin/pip" install -q "mlx-lm==0.32.2" "mlx[cpu]"
-fi
-OPENBLAS=$(ls /usr/lib/*-linux-gnu/libopenblas.so.0 2>/dev/null | head -1)
 PROMPT="Write a short story about a lighthouse keeper."
 ours() {  # $1 = dtype, $2 = max tokens
   "$BIN" generate --model "$MLX_DIR" --plugins plugins --dtype "$1" --prompt "$PROMPT" --max-tokens "$2" 2>&1 >/dev/null \

@@ -28,19 +28,13 @@ PROMPTS = {
 }
 
 
-def one(url, prompt):
+def stream_chat(url, body):
+    """POSTs a streamed chat completion; returns (TTFT s, time of the last content chunk from the
+    start s, usage or None, content chunks). Raises on a non-200 answer."""
     u = urlparse(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=900)
-    body = json.dumps({
-        "model": "default_model",
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    })
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=3600)
     t0 = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"{url}: HTTP {resp.status}: {resp.read()[:500]!r}")
@@ -56,15 +50,27 @@ def one(url, prompt):
             usage = chunk["usage"]
         for c in chunk.get("choices") or []:
             if (c.get("delta") or {}).get("content"):
-                now = time.perf_counter()
-                first = first or now
+                now = time.perf_counter() - t0
+                first = first if first is not None else now
                 last = now
                 chunks += 1
     conn.close()
+    return first, last, usage, chunks
+
+
+def one(url, prompt):
+    first, last, usage, chunks = stream_chat(url, {
+        "model": "default_model",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    })
     tokens = usage["completion_tokens"] if usage else chunks
-    decode_s = (last - first) if first and last else 0.0
+    decode_s = (last - first) if first is not None and last is not None else 0.0
     return {
-        "ttft_s": (first - t0) if first else float("nan"),
+        "ttft_s": first if first is not None else float("nan"),
         "decode_tok_s": (tokens - 1) / decode_s if decode_s > 0 else float("nan"),
         "completion_tokens": tokens,
         "prompt_tokens": usage["prompt_tokens"] if usage else None,

@@ -11,24 +11,11 @@
 # converted to the MLX layout by `mlxhost convert` (once), so both engines read identical files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CACHE="${MLXHOST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlxhost}"
 PROMPT="${PROMPT:-128}"; DECODE="${DECODE:-32}"; REPEATS="${REPEATS:-3}"
 # mlx-lm's 4-bit path runs ~5 s per token on x86 CPUs (float16 quantized matmul), so it gets fewer steps.
 NATIVE_PROMPT="${NATIVE_PROMPT:-16}"; NATIVE_DECODE="${NATIVE_DECODE:-3}"
 
-./scripts/setup.sh >/dev/null
-cargo build --release -q -p mlxhost
-BIN=target/release/mlxhost
-GGUF="$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-MLX_DIR="$CACHE/models/SmolLM2-135M-Instruct-mlx"
-[ -f "$MLX_DIR/model.safetensors" ] || "$BIN" convert "$GGUF" "$MLX_DIR"
-
-VENV="$CACHE/venv-mlx-lm-0.32.2"
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import mlx_lm" 2>/dev/null; then
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q "mlx-lm==0.32.2" "mlx[cpu]"
-fi
-OPENBLAS=$(ls /usr/lib/*-linux-gnu/libopenblas.so.0 2>/dev/null | head -1)
+. benches/side_by_side.sh
 
 OUT=$(mktemp)
 {

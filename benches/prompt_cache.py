@@ -3,15 +3,14 @@ conversation resent with one more user turn, as agents do). Standard library onl
 
 Usage: python prompt_cache.py URL   (env: REPEATS=2, TURNS=24)
 """
-import http.client
 import json
 import os
 import statistics
 import sys
 import time
-from urllib.parse import urlparse
 
-URL = urlparse(sys.argv[1])
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from http_bench import stream_chat  # noqa: E402
 REPEATS = int(os.environ.get("REPEATS", "2"))
 TURNS = int(os.environ.get("TURNS", "24"))
 PARAGRAPH = ("The lighthouse keeper logged the wind, the swell and every passing ship, and in the evenings "
@@ -19,24 +18,9 @@ PARAGRAPH = ("The lighthouse keeper logged the wind, the swell and every passing
 
 
 def ttft(messages):
-    conn = http.client.HTTPConnection(URL.hostname, URL.port, timeout=3600)
-    body = json.dumps({"messages": messages, "max_tokens": 8, "temperature": 0, "stream": True,
-                       "stream_options": {"include_usage": True}})
-    t0 = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
-    resp = conn.getresponse()
-    first, usage = None, None
-    for raw in resp:
-        line = raw.decode().strip()
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            continue
-        chunk = json.loads(line[6:])
-        if chunk.get("usage"):
-            usage = chunk["usage"]
-        for c in chunk.get("choices") or []:
-            if (c.get("delta") or {}).get("content") and first is None:
-                first = time.perf_counter() - t0
-    conn.close()
+    first, _, usage, _ = stream_chat(sys.argv[1], {
+        "messages": messages, "max_tokens": 8, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True}})
     return first, usage
 
 

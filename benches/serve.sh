@@ -7,18 +7,8 @@
 #   benches/serve.sh            # REPEATS=3 MAX_TOKENS=64 LONG_WORDS=700
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CACHE="${MLXHOST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlxhost}"
-./scripts/setup.sh >/dev/null
-cargo build --release -q -p mlxhost
+. benches/side_by_side.sh
 ./scripts/build-plugins.sh
-BIN=target/release/mlxhost
-MLX_DIR="$CACHE/models/SmolLM2-135M-Instruct-mlx"
-[ -f "$MLX_DIR/model.safetensors" ] || "$BIN" convert "$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf" "$MLX_DIR"
-VENV="$CACHE/venv-mlx-lm-0.32.2"
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import mlx_lm" 2>/dev/null; then
-  python3 -m venv "$VENV"; "$VENV/bin/pip" install -q "mlx-lm==0.32.2" "mlx[cpu]"
-fi
-OPENBLAS=$(ls /usr/lib/*-linux-gnu/libopenblas.so.0 2>/dev/null | head -1)
 LOGS=$(mktemp -d); PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$LOGS"' EXIT
 wait_up() {  # $1 = url, $2 = log

@@ -17,16 +17,7 @@ APT_PACKAGES=(clang-19 lld-19 wasi-libc libclang-rt-19-dev-wasm32)
 # Node.js: Debian's nodejs + npm unless a node with npm is already installed (e.g. NodeSource's,
 # which conflicts with Debian's npm package).
 command -v npm >/dev/null || APT_PACKAGES+=(nodejs npm)
-missing=()
-for p in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "setup-examples: installing apt packages: ${missing[*]}" >&2
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+"$(dirname "$0")/apt-ensure.sh" "${APT_PACKAGES[@]}"
 
 if [ "$("$TOOLS/bin/wit-bindgen" --version 2>/dev/null | awk '{print $2}')" != "$WIT_BINDGEN_VERSION" ]; then
   echo "setup-examples: cargo install wit-bindgen-cli $WIT_BINDGEN_VERSION (about 2 minutes)" >&2

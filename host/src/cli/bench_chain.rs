@@ -16,7 +16,7 @@ use mlxhost::engine::{self, GenerateRequest, TokenChain};
 use mlxhost::model::ChatMessage;
 use mlxhost::plugin::device_ops as dev;
 use mlxhost::plugin::session::{Chosen, StepOutput};
-use mlxhost::plugin::{PluginError, PluginHost, PluginLimits, RowChain, SamplingParams};
+use mlxhost::plugin::{PluginError, RowChain, SamplingParams};
 
 use super::ModelArgs;
 
@@ -95,12 +95,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 pub fn run(args: BenchChainArgs) -> anyhow::Result<()> {
-    let plugins =
-        PluginHost::load_dir(&args.plugins, PluginLimits::default()).context("--plugins")?;
-    let model = args.model.load(false)?;
-    plugins.set_vocab(std::sync::Arc::new(mlxhost::plugin::VocabView::new(
-        model.tokenizer.clone(),
-    )));
+    let (plugins, model) = super::load_plugins_and_model(&args.plugins, &args.model)?;
     let template = model
         .template
         .as_ref()

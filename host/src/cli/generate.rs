@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use mlxhost::engine::{self, GenerateEvent, GenerateRequest};
 use mlxhost::model::ChatMessage;
-use mlxhost::plugin::{PluginHost, PluginLimits, SamplingParams};
+use mlxhost::plugin::SamplingParams;
 
 use super::ModelArgs;
 
@@ -57,20 +57,12 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
-    let plugins =
-        PluginHost::load_dir(&args.plugins, PluginLimits::default()).context("--plugins")?;
-    for s in &plugins.skipped {
-        eprintln!("warning: plugin {} skipped: {}", s.dir.display(), s.reason);
-    }
     let plugin_params: serde_json::Value = serde_json::from_str(&args.plugin_params)
         .context("--plugin-params must be a JSON object")?;
     if !plugin_params.is_object() {
         anyhow::bail!("--plugin-params must be a JSON object keyed by plugin name");
     }
-    let model = args.model.load(false)?;
-    plugins.set_vocab(std::sync::Arc::new(mlxhost::plugin::VocabView::new(
-        model.tokenizer.clone(),
-    )));
+    let (plugins, model) = super::load_plugins_and_model(&args.plugins, &args.model)?;
     let template = model
         .template
         .as_ref()

@@ -100,6 +100,29 @@ impl ModelArgs {
 
 /// Parses arguments, runs the command, maps errors to exit code 1 with the
 /// message on stderr.
+/// Loads a plugins directory (warning about skipped folders on stderr) and
+/// the model, and lends the model's vocabulary to the plugins: what the
+/// one-shot commands that generate (`generate`, `bench-chain`) need.
+pub fn load_plugins_and_model(
+    plugins_dir: &std::path::Path,
+    model: &ModelArgs,
+) -> anyhow::Result<(mlxhost::plugin::PluginHost, model::LoadedModel)> {
+    use anyhow::Context;
+    let plugins = mlxhost::plugin::PluginHost::load_dir(
+        plugins_dir,
+        mlxhost::plugin::PluginLimits::default(),
+    )
+    .context("--plugins")?;
+    for s in &plugins.skipped {
+        eprintln!("warning: plugin {} skipped: {}", s.dir.display(), s.reason);
+    }
+    let loaded = model.load(false)?;
+    plugins.set_vocab(std::sync::Arc::new(mlxhost::plugin::VocabView::new(
+        loaded.tokenizer.clone(),
+    )));
+    Ok((plugins, loaded))
+}
+
 /// Parses the command line, with `mlxhost.toml` settings for `serve`.
 fn parse() -> anyhow::Result<Cli> {
     let mut command = Cli::command();

@@ -11,7 +11,7 @@ use mlx_rs::{ops::indexing::IndexOp, transforms::eval, Array, Dtype};
 use super::detokenize::{Detokenizer, StopMatcher};
 use crate::cache::PromptCache;
 use crate::model::{LoadedModel, ModelError, RowInput};
-use crate::plugin::session::{Chosen, RowChain, StepOutput};
+use crate::plugin::session::{Chosen, RowChain, TokenChain};
 use crate::plugin::{PluginError, PluginHost, SamplingParams};
 use crate::score::PREFILL_CHUNK;
 
@@ -117,56 +117,6 @@ pub enum GenerateError {
 impl From<mlx_rs::error::Exception> for GenerateError {
     fn from(e: mlx_rs::error::Exception) -> Self {
         GenerateError::Model(ModelError::Mlx(e))
-    }
-}
-
-/// What chooses each token of a row: the plugin chain ([`RowChain`]) in
-/// the host; benchmarks implement it natively to measure the plugin cost.
-pub trait TokenChain {
-    /// Edits `logits` (`[V]`, lazy) and chooses the token.
-    fn step(
-        &mut self,
-        logits: Array,
-        ids: &[u32],
-        prompt_len: usize,
-        step: u32,
-    ) -> Result<StepOutput, PluginError>;
-    /// After the step's evaluation: the chosen id and its log-probabilities.
-    fn accept(
-        &mut self,
-        token: u32,
-        raw_logprob: f32,
-        sampled_logprob: f32,
-    ) -> Result<(), PluginError>;
-    /// Names the sampler in errors.
-    fn sampler_name(&self) -> &str;
-    /// Time spent choosing tokens (inside plugin calls, for the plugin chain).
-    fn chain_time(&self) -> Duration;
-}
-
-impl TokenChain for RowChain {
-    fn step(
-        &mut self,
-        logits: Array,
-        ids: &[u32],
-        prompt_len: usize,
-        step: u32,
-    ) -> Result<StepOutput, PluginError> {
-        RowChain::step(self, logits, ids, prompt_len, step)
-    }
-    fn accept(
-        &mut self,
-        token: u32,
-        raw_logprob: f32,
-        sampled_logprob: f32,
-    ) -> Result<(), PluginError> {
-        RowChain::accept(self, token, raw_logprob, sampled_logprob)
-    }
-    fn sampler_name(&self) -> &str {
-        RowChain::sampler_name(self)
-    }
-    fn chain_time(&self) -> Duration {
-        self.plugin_time
     }
 }
 

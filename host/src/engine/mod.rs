@@ -5,7 +5,8 @@
 pub mod detokenize;
 pub mod generate;
 
+pub use crate::plugin::session::TokenChain;
 pub use generate::{
     effective_params, generate, generate_with, FinishReason, GenerateError, GenerateEvent,
-    GenerateRequest, GenerateSummary, TokenChain,
+    GenerateRequest, GenerateSummary,
 };

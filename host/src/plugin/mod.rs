@@ -17,5 +17,5 @@ pub mod vocab;
 pub use manifest::{Kind, Manifest};
 pub use reload::LivePlugins;
 pub use runtime::{PluginError, PluginHost, PluginLimits};
-pub use session::{RowChain, SamplingParams};
+pub use session::{RowChain, SamplingParams, TokenChain};
 pub use vocab::VocabView;

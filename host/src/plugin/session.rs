@@ -216,6 +216,31 @@ pub(crate) fn trap_cause(e: &wasmtime::Error) -> String {
     text
 }
 
+/// What chooses each token of a row: the plugin chain ([`RowChain`]) in
+/// the host; benchmarks implement it natively to measure the plugin cost.
+/// The decode loop (`engine::generate_with`) drives any implementation.
+pub trait TokenChain {
+    /// Edits `logits` (`[V]`, lazy) and chooses the token.
+    fn step(
+        &mut self,
+        logits: Array,
+        ids: &[u32],
+        prompt_len: usize,
+        step: u32,
+    ) -> Result<StepOutput, PluginError>;
+    /// After the step's evaluation: the chosen id and its log-probabilities.
+    fn accept(
+        &mut self,
+        token: u32,
+        raw_logprob: f32,
+        sampled_logprob: f32,
+    ) -> Result<(), PluginError>;
+    /// Names the sampler in errors.
+    fn sampler_name(&self) -> &str;
+    /// Time spent choosing tokens (inside plugin calls, for the plugin chain).
+    fn chain_time(&self) -> Duration;
+}
+
 impl RowChain {
     /// Instantiates `sampler` and `processors` (in order) for one row.
     /// `plugin_params` maps plugin name to its JSON parameters.
@@ -298,10 +323,12 @@ impl RowChain {
             plugin_time: Duration::ZERO,
         })
     }
+}
 
+impl TokenChain for RowChain {
     /// Runs the processors then the sampler on `logits` (`[V]`, float32,
     /// lazy). Nothing is evaluated unless a plugin reads back.
-    pub fn step(
+    fn step(
         &mut self,
         logits: Array,
         ids: &[u32],
@@ -372,7 +399,7 @@ impl RowChain {
     }
 
     /// Tells every session which token was chosen (after the step's eval).
-    pub fn accept(
+    fn accept(
         &mut self,
         token: u32,
         raw_logprob: f32,
@@ -399,7 +426,11 @@ impl RowChain {
     }
 
     /// The sampler's name.
-    pub fn sampler_name(&self) -> &str {
+    fn sampler_name(&self) -> &str {
         &self.sampler.name
+    }
+
+    fn chain_time(&self) -> Duration {
+        self.plugin_time
     }
 }

@@ -8,7 +8,7 @@ use mlx_rs::{transforms::eval, Array, Dtype};
 
 use super::manifest::Kind;
 use super::runtime::{LoadedPlugin, PluginHost};
-use super::session::{Chosen, RowChain};
+use super::session::{Chosen, RowChain, TokenChain};
 use super::SamplingParams;
 
 /// Synthetic vocabulary size of the smoke step.
