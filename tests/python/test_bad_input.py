@@ -78,7 +78,9 @@ def test_a_100k_token_prompt_is_a_400_naming_the_context(http):
 
 def test_unknown_route_and_wrong_method(http):
     error_of(http.get("/v1/nothing"), 404)
-    error_of(http.get("/v1/chat/completions"), 405)
+    r = http.get("/v1/chat/completions")
+    error_of(r, 405)
+    assert r.headers["allow"] == "POST"
     still_serving(http)
 
 

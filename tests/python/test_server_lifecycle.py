@@ -184,3 +184,23 @@ def test_parameters_a_plugin_rejects_are_a_400_naming_it(testing_server):
         assert r.status_code == 400
         err = r.json()["error"]
         assert "ban-token" in err["message"] and "`id`" in err["message"], err
+
+
+def test_sigterm_exits_even_when_a_client_never_finishes_its_body():
+    import socket
+    from urllib.parse import urlparse
+
+    s = Server("--shutdown-timeout", "1")
+    try:
+        u = urlparse(s.url)
+        sock = socket.create_connection((u.hostname, u.port))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"mess")
+        time.sleep(0.5)
+        started = time.time()
+        s.proc.send_signal(signal.SIGTERM)
+        # Drain (1 s) + the host's grace period (5 s), not forever.
+        assert s.proc.wait(30) == 0, s.text()
+        assert time.time() - started < 20
+        sock.close()
+    finally:
+        s.stop()

@@ -44,9 +44,11 @@ fn config_path(args: &[OsString]) -> Option<PathBuf> {
 /// Errors: unreadable or invalid TOML, an unknown key, a value that is not
 /// a string, number, boolean or array of those; all name the file.
 pub fn with_config(args: Vec<OsString>, known_flags: &[String]) -> anyhow::Result<Vec<OsString>> {
-    let Some(serve_at) = args.iter().position(|a| a == "serve") else {
+    // Only when `serve` is the command itself (not some argument's value).
+    if args.get(1).is_none_or(|a| a != "serve") {
         return Ok(args);
-    };
+    }
+    let serve_at = 1;
     let Some(path) = config_path(&args[serve_at..]) else {
         return Ok(args);
     };

@@ -73,6 +73,10 @@ pub struct ServeArgs {
     /// shared prefix of new prompts, capped at this many GiB (0 disables it).
     #[arg(long, default_value_t = 1.0)]
     prompt_cache: f64,
+    /// Most generations queued or running at once; more get a 503 (each
+    /// holds plugin instances from a shared pool of 512).
+    #[arg(long, default_value_t = 128)]
+    max_queue: usize,
     /// Linear memory cap per sampler/processor instance, MiB.
     #[arg(long, default_value_t = 64)]
     plugin_memory: usize,
@@ -99,6 +103,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             "--prompt-cache must be a size in GiB >= 0, got {}",
             args.prompt_cache
         );
+    }
+    for (flag, v) in [("--top-p", args.top_p), ("--min-p", args.min_p)] {
+        if !(0.0..=1.0).contains(&v) {
+            anyhow::bail!("{flag} must be in [0, 1], got {v}");
+        }
     }
     if args.max_tokens == 0 {
         anyhow::bail!("--max-tokens must be at least 1");
@@ -175,11 +184,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         body_limit: args.body_limit << 20,
         drain: Duration::from_secs(args.shutdown_timeout),
         prompt_cache_bytes: (args.prompt_cache * (1u64 << 30) as f64) as usize,
+        max_queue: args.max_queue.max(1),
     };
     let summary_plugins = live.clone();
     server::run(config, load, move |ready| {
         let f = &ready.frontend;
-        summary_plugins.set_vocab(f.vocabulary.clone());
         eprintln!(
             "mlxhost: serving {} ({} compute, context {} tokens) at http://{}",
             f.model_id, f.compute, f.context, ready.addr

@@ -112,6 +112,12 @@ pub enum GenerateError {
     /// The model failed.
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// The host itself failed (a bug, not the request's fault).
+    #[error("internal error: {0}")]
+    Internal(String),
+    /// The server is shutting down and did not start the request.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl From<mlx_rs::error::Exception> for GenerateError {
@@ -225,6 +231,18 @@ pub fn generate_with(
     let mut logits = None;
     let mut pos = cached_tokens;
     while pos < prompt.len() {
+        // A long prefill is cancellable between chunks too.
+        if cancelled() {
+            return Ok(GenerateSummary {
+                finish_reason: FinishReason::Cancelled,
+                prompt_tokens: prompt.len(),
+                cached_tokens,
+                completion_tokens: 0,
+                prefill: started.elapsed(),
+                decode: Duration::ZERO,
+                plugin_time: chain.chain_time(),
+            });
+        }
         let end = (pos + PREFILL_CHUNK).min(prompt.len());
         let last = end == prompt.len();
         let chunk = &prompt[pos..end];
@@ -240,7 +258,8 @@ pub fn generate_with(
         }
         pos = end;
     }
-    let mut logits = logits.ok_or_else(|| GenerateError::InvalidRequest("empty prompt".into()))?;
+    let mut logits =
+        logits.ok_or_else(|| GenerateError::Internal("prefill produced no logits".into()))?;
     let mut arrays = vec![&logits];
     arrays.extend(cache.arrays());
     eval(arrays)?;
@@ -285,7 +304,7 @@ pub fn generate_with(
         let token_arr = token_arr.as_dtype(Dtype::Uint32)?;
         let id = token_arr
             .try_item_cast::<u32>()
-            .map_err(|e| GenerateError::InvalidRequest(e.to_string()))?;
+            .map_err(|e| GenerateError::Internal(format!("reading the chosen token: {e}")))?;
         if id as usize >= vocab {
             return Err(PluginError::Failed {
                 plugin: chain.sampler_name().to_string(),
@@ -337,7 +356,7 @@ pub fn generate_with(
         logits = next
             .into_iter()
             .next()
-            .ok_or_else(|| GenerateError::InvalidRequest("no logits".into()))?;
+            .ok_or_else(|| GenerateError::Internal("the decode step produced no logits".into()))?;
         // Evaluate the forward before the plugins run, so a plugin that reads
         // back pays only for its own work inside its deadline.
         eval([&logits])?;

@@ -28,6 +28,9 @@ const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 #[derive(Clone)]
 pub struct TextTokenizer {
     inner: Tokenizer,
+    /// Ids of added (special) tokens, computed once: `tokenizers` clones its
+    /// whole added-token map on every query.
+    added: std::sync::Arc<std::collections::HashSet<u32>>,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -39,13 +42,21 @@ impl std::fmt::Debug for TextTokenizer {
 }
 
 impl TextTokenizer {
+    fn wrap(inner: Tokenizer) -> Self {
+        let added = inner.get_added_tokens_decoder().keys().copied().collect();
+        TextTokenizer {
+            inner,
+            added: std::sync::Arc::new(added),
+        }
+    }
+
     /// Loads `tokenizer.json`. Errors name the file.
     pub fn from_file(path: &Path) -> Result<Self> {
         if !path.is_file() {
             return Err(ModelError::MissingFile(path.into()));
         }
         let inner = Tokenizer::from_file(path).map_err(|e| ModelError::invalid(path, e))?;
-        Ok(TextTokenizer { inner })
+        Ok(TextTokenizer::wrap(inner))
     }
 
     /// Builds a byte-level BPE from GGUF metadata arrays.
@@ -95,7 +106,7 @@ impl TextTokenizer {
             .collect();
         inner.add_special_tokens(&special);
         inner.add_tokens(&user);
-        Ok(TextTokenizer { inner })
+        Ok(TextTokenizer::wrap(inner))
     }
 
     /// Token ids of `text`; special-token strings in `text` (e.g.
@@ -136,7 +147,7 @@ impl TextTokenizer {
         let Some(piece) = self.inner.id_to_token(id) else {
             return Vec::new();
         };
-        let is_added = self.inner.get_added_tokens_decoder().contains_key(&id);
+        let is_added = self.added.contains(&id);
         let byte_level = matches!(
             self.inner.get_decoder(),
             Some(tokenizers::DecoderWrapper::ByteLevel(_))

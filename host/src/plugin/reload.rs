@@ -103,6 +103,11 @@ impl LivePlugins {
                     Ok(mut g) => *g = host.clone(),
                     Err(poisoned) => *poisoned.into_inner() = host.clone(),
                 }
+                // `set_vocab` may have run between the check above and the
+                // swap; lending twice is a no-op.
+                if let Some(v) = self.vocab.get() {
+                    host.set_vocab(v.clone());
+                }
                 Some(host)
             }
             Err(e) => {

@@ -8,6 +8,16 @@ use super::bindings::sampler::mlxhost::plugin::vocab::Host;
 use super::tensors::PluginState;
 use crate::model::TextTokenizer;
 
+/// Longest text `token-sequences-for` accepts, bytes (llama.cpp cuts DRY
+/// breakers to 40 bytes); host work cannot be interrupted by the epoch
+/// deadline, so inputs are bounded instead.
+pub const MAX_SEQUENCE_TEXT: usize = 40;
+/// Longest text `encode` accepts from a plugin, bytes.
+pub const MAX_ENCODE_TEXT: usize = 64 << 10;
+/// Memoised `token-sequences-for` results kept at most (inputs come from
+/// requests, so the memo must not grow without bound).
+const MAX_MEMO: usize = 256;
+
 /// (head token, tail tokens): one way a token can begin a text.
 pub type TokenSequence = (u32, Vec<u32>);
 
@@ -84,7 +94,9 @@ impl VocabView {
             }
         }
         if let Ok(mut m) = self.sequences.lock() {
-            m.insert(key, out.clone());
+            if m.len() < MAX_MEMO {
+                m.insert(key, out.clone());
+            }
         }
         Ok(out)
     }
@@ -103,6 +115,12 @@ impl PluginState {
 
 impl Host for PluginState {
     fn encode(&mut self, text: String) -> wasmtime::Result<Vec<u32>> {
+        if text.len() > MAX_ENCODE_TEXT {
+            wasmtime::bail!(
+                "vocab.encode: text is {} bytes; at most {MAX_ENCODE_TEXT}",
+                text.len()
+            );
+        }
         Ok(self.vocab_view()?.tokenizer.encode(&text)?)
     }
 

@@ -18,6 +18,9 @@ pub use wit::{
 
 /// A live adapter instance for one request.
 pub struct AdapterCall {
+    /// Keeps the plugin host (and its epoch ticker, which enforces the
+    /// deadlines below) alive for as long as this instance, across reloads.
+    _host: std::sync::Arc<PluginHost>,
     name: String,
     store: Store<PluginState>,
     bindings: ApiAdapterPlugin,
@@ -36,7 +39,11 @@ fn failed(name: &str, what: &str, e: impl std::fmt::Display) -> PluginError {
 impl AdapterCall {
     /// Instantiates adapter `name` (~microseconds from the pre-instantiated
     /// component). Errors: unknown name, or instantiation failure.
-    pub fn new(host: &PluginHost, name: &str, ctx: RequestContext) -> Result<Self, PluginError> {
+    pub fn new(
+        host: std::sync::Arc<PluginHost>,
+        name: &str,
+        ctx: RequestContext,
+    ) -> Result<Self, PluginError> {
         let plugin = host.get(name, Kind::ApiAdapter)?;
         let pre = plugin
             .adapter
@@ -46,11 +53,13 @@ impl AdapterCall {
         let bindings = pre
             .instantiate(&mut store)
             .map_err(|e| failed(name, "instantiate", format!("{e:#}")))?;
+        let deadline_ticks = host.deadline_ticks(Kind::ApiAdapter);
         Ok(AdapterCall {
+            _host: host,
             name: name.into(),
             store,
             bindings,
-            deadline_ticks: host.deadline_ticks(Kind::ApiAdapter),
+            deadline_ticks,
             ctx,
         })
     }

@@ -13,7 +13,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::cache::{PromptCache, PromptCacheStats};
 use crate::engine::{self, GenerateError, GenerateEvent, GenerateRequest, GenerateSummary};
 use crate::model::{ChatTemplate, LoadedModel, TextTokenizer};
-use crate::plugin::PluginHost;
+use crate::plugin::{LivePlugins, PluginHost};
 
 /// What request handlers need from the model without touching the engine
 /// thread: the tokenizer, the chat template and the model's limits.
@@ -33,8 +33,6 @@ pub struct Frontend {
     pub vocab: usize,
     /// Compute path, for the startup summary.
     pub compute: String,
-    /// The vocabulary lent to plugins (also to plugins loaded by hot reload).
-    pub vocabulary: Arc<crate::plugin::VocabView>,
 }
 
 /// Events a job sends back, in order: `Started`, then `Token`/`Text`
@@ -102,11 +100,12 @@ impl EngineHandle {
 }
 
 /// Starts the engine thread: `load` runs on it (the model lives there),
-/// then a warm-up generation with `warmup_sampler` from `plugins`, then `ready` receives
+/// the model's vocabulary is lent to `plugins` (and every later reload),
+/// then a warm-up generation with `warmup_sampler`, then `ready` receives
 /// the [`Frontend`] (or the load/warm-up error) and jobs are served.
 pub fn spawn(
     load: Box<dyn FnOnce() -> Result<(LoadedModel, String), String> + Send>,
-    plugins: Arc<PluginHost>,
+    plugins: Arc<LivePlugins>,
     warmup_sampler: String,
     prompt_cache_bytes: usize,
     ready: tokio::sync::oneshot::Sender<Result<Frontend, String>>,
@@ -129,9 +128,10 @@ pub fn spawn(
                     return;
                 }
             };
-            let vocab = Arc::new(crate::plugin::VocabView::new(model.tokenizer.clone()));
-            plugins.set_vocab(vocab.clone());
-            if let Err(e) = warm_up(&model, &plugins, &warmup_sampler) {
+            plugins.set_vocab(Arc::new(crate::plugin::VocabView::new(
+                model.tokenizer.clone(),
+            )));
+            if let Err(e) = warm_up(&model, &plugins.current(), &warmup_sampler) {
                 let _ = ready.send(Err(format!("warm-up generation failed: {e}")));
                 return;
             }
@@ -143,7 +143,6 @@ pub fn spawn(
                 context: model.model.config.max_position_embeddings,
                 vocab: model.model.config.vocab_size,
                 compute: format!("{:?}", model.compute),
-                vocabulary: vocab,
             };
             if ready.send(Ok(frontend)).is_err() {
                 return;
@@ -152,7 +151,14 @@ pub fn spawn(
             // The prompt cache lives here, beside the model whose KV it holds.
             let mut prompt_cache = PromptCache::new(prompt_cache_bytes);
             while let Ok(job) = rx.recv() {
-                run_job(&model, job, &c, &mut prompt_cache);
+                // A panic fails only this job (its event channel is dropped,
+                // which the HTTP side reports as a 500).
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run_job(&model, job, &c, &mut prompt_cache)
+                }));
+                if ran.is_err() {
+                    tracing::error!("the engine panicked while running a job; it keeps serving");
+                }
                 if let Ok(mut s) = stats.lock() {
                     *s = prompt_cache.stats();
                 }
@@ -202,6 +208,12 @@ fn run_job(model: &LoadedModel, job: Job, cancel_all: &AtomicBool, prompt_cache:
     let _enter = span.enter();
     if cancel.load(Ordering::Relaxed) || events.is_closed() {
         tracing::info!("cancelled before it started");
+        return;
+    }
+    if cancel_all.load(Ordering::Relaxed) {
+        let _ = events.send(JobEvent::Failed(GenerateError::Unavailable(
+            "the server is shutting down".into(),
+        )));
         return;
     }
     let started = Instant::now();

@@ -46,6 +46,8 @@ pub struct AppState {
     pub defaults: Defaults,
     /// Request body cap, bytes.
     pub body_limit: usize,
+    /// Most generations queued or running; more get a 503.
+    pub max_queue: usize,
     /// Set when shutdown begins.
     pub shutting_down: AtomicBool,
 }
@@ -123,15 +125,21 @@ pub async fn dispatch(
         .find(|(m, p, _)| *m == method && *p == path)
         .map(|(_, _, a)| a.clone())
     else {
-        let (status, message) = if routes.iter().any(|(_, p, _)| *p == path) {
-            (405, format!("method {method} is not allowed on {path}"))
-        } else {
-            (
-                404,
-                format!("no route {method} {path} (routes come from API adapter plugins)"),
-            )
-        };
-        return response(host_error(&api_error(status, ErrorKind::NotFound, message)));
+        let allowed: Vec<&str> = routes
+            .iter()
+            .filter(|(_, p, _)| *p == path)
+            .map(|(m, _, _)| m.as_str())
+            .collect();
+        if !allowed.is_empty() {
+            let message = format!("method {method} is not allowed on {path}");
+            let mut resp = response(host_error(&api_error(405, ErrorKind::NotFound, message)));
+            if let Ok(v) = HeaderValue::from_str(&allowed.join(", ")) {
+                resp.headers_mut().insert(header::ALLOW, v);
+            }
+            return resp;
+        }
+        let message = format!("no route {method} {path} (routes come from API adapter plugins)");
+        return response(host_error(&api_error(404, ErrorKind::NotFound, message)));
     };
     let Some(frontend) = app.frontend.get().cloned() else {
         return response(host_error(&api_error(
@@ -148,7 +156,7 @@ pub async fn dispatch(
             .unwrap_or(0),
         model_id: frontend.model_id.clone(),
     };
-    let mut call = match AdapterCall::new(&plugins, &adapter, ctx) {
+    let mut call = match AdapterCall::new(plugins.clone(), &adapter, ctx) {
         Ok(c) => c,
         Err(e) => return response(host_error(&plugin_error(&e))),
     };
@@ -184,7 +192,19 @@ pub async fn dispatch(
     }
     let body = match axum::body::to_bytes(req.into_body(), app.body_limit).await {
         Ok(b) => b,
-        Err(_) => return response(call.render_error(&too_large())),
+        // axum reports a body over the limit as "length limit exceeded";
+        // anything else is a body that could not be read.
+        Err(e) if format!("{e:#}").contains("length limit") => {
+            return response(call.render_error(&too_large()))
+        }
+        Err(e) => {
+            let bad = api_error(
+                400,
+                ErrorKind::InvalidRequest,
+                format!("the request body could not be read: {e}"),
+            );
+            return response(call.render_error(&bad));
+        }
     };
     let http_req = HttpRequest {
         method,
@@ -247,6 +267,17 @@ async fn run_generation(
         cancel,
         plugins,
     };
+    if app.engine.in_flight() >= app.max_queue {
+        let busy = api_error(
+            503,
+            ErrorKind::Server,
+            format!(
+                "the server is busy: {} generations are queued or running (--max-queue)",
+                app.max_queue
+            ),
+        );
+        return response(call.render_error(&busy));
+    }
     if app.engine.submit(job).is_err() {
         return response(call.render_error(&api_error(
             503,
@@ -508,5 +539,9 @@ fn generate_error(e: &GenerateError) -> ApiError {
         GenerateError::InvalidRequest(m) => api_error(400, ErrorKind::InvalidRequest, m.clone()),
         GenerateError::Plugin(p) => plugin_error(p),
         GenerateError::Model(m) => api_error(500, ErrorKind::Server, m.to_string()),
+        GenerateError::Internal(m) => {
+            api_error(500, ErrorKind::Server, format!("internal error: {m}"))
+        }
+        GenerateError::Unavailable(m) => api_error(503, ErrorKind::Server, m.clone()),
     }
 }

@@ -39,6 +39,8 @@ pub struct ServeConfig {
     pub drain: Duration,
     /// RAM prompt cache cap, bytes (0 disables it).
     pub prompt_cache_bytes: usize,
+    /// Most generations queued or running; more get a 503.
+    pub max_queue: usize,
 }
 
 /// Errors that stop the server.
@@ -59,6 +61,10 @@ pub enum ServeError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
+
+/// How long after the drain period (and the cancellation of what still
+/// runs) the server waits for connections to close before it stops anyway.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// The request id assigned by the middleware (response header `x-request-id`).
 #[derive(Debug, Clone)]
@@ -129,7 +135,7 @@ async fn serve(
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let engine = engine::spawn(
         load,
-        config.plugins.current(),
+        config.plugins.clone(),
         config.defaults.sampler.clone(),
         config.prompt_cache_bytes,
         ready_tx,
@@ -141,6 +147,7 @@ async fn serve(
         engine,
         defaults: config.defaults,
         body_limit: config.body_limit,
+        max_queue: config.max_queue,
         shutting_down: AtomicBool::new(false),
     });
     let router = axum::Router::new()
@@ -179,6 +186,11 @@ async fn serve(
 
     let shutdown_app = app.clone();
     let drain = config.drain;
+    // Graceful shutdown waits for every connection; a client that stops
+    // reading (or never finishes its body) would hold it forever, so the
+    // server stops anyway this long after the drain period.
+    let hard_stop = Arc::new(tokio::sync::Notify::new());
+    let hard_stop_timer = hard_stop.clone();
     let load_failed = Arc::new(OnceLock::<String>::new());
     let failed = load_failed.clone();
     let shutdown = async move {
@@ -202,11 +214,17 @@ async fn serve(
                 tracing::warn!("drain period over: cancelling in-flight generations");
             }
             cancel.engine.cancel_all.store(true, Ordering::Relaxed);
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+            hard_stop_timer.notify_one();
         });
     };
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    let server = axum::serve(listener, router).with_graceful_shutdown(shutdown);
+    tokio::select! {
+        r = server => r?,
+        _ = hard_stop.notified() => {
+            tracing::warn!(grace_s = SHUTDOWN_GRACE.as_secs(), "connections still open after the drain period; stopping anyway");
+        }
+    }
     if let Some(e) = load_failed.get() {
         return Err(ServeError::Load(e.clone()));
     }

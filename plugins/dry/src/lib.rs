@@ -125,7 +125,7 @@ impl api::GuestSession for Dry {
         let len = history.len();
         let window = match self.penalty_last_n {
             -1 => len,
-            n => len.min(n as u32),
+            n => len.min(u32::try_from(n).unwrap_or(u32::MAX)),
         };
         let tokens = history.read(len - window, len);
         let (ids, penalties) = self.penalties(&tokens);
