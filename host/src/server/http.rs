@@ -350,9 +350,7 @@ async fn run_generation(
             let Some(ev) = ev else {
                 let body =
                     call.render_error(&api_error(500, ErrorKind::Server, "the engine stopped"));
-                let _ = sse_tx
-                    .send(Event::default().data(String::from_utf8_lossy(&body.body)))
-                    .await;
+                send_error_event(&sse_tx, body).await;
                 return;
             };
             match ev {
@@ -371,10 +369,7 @@ async fn run_generation(
                             send_all(&mut call, &update, &sse_tx).await;
                         }
                         Err(e) => {
-                            let body = call.render_error(&e);
-                            let _ = sse_tx
-                                .send(Event::default().data(String::from_utf8_lossy(&body.body)))
-                                .await;
+                            send_error_event(&sse_tx, call.render_error(&e)).await;
                         }
                     }
                     return;
@@ -382,10 +377,7 @@ async fn run_generation(
                 JobEvent::Failed(e) => {
                     // Headers are sent: the error goes in the stream, in the
                     // adapter's error shape, and the stream ends.
-                    let body = call.render_error(&generate_error(&e));
-                    let _ = sse_tx
-                        .send(Event::default().data(String::from_utf8_lossy(&body.body)))
-                        .await;
+                    send_error_event(&sse_tx, call.render_error(&generate_error(&e))).await;
                     return;
                 }
             }
@@ -395,6 +387,14 @@ async fn run_generation(
         rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
     });
     Sse::new(stream).into_response()
+}
+
+/// Sends an error body as the stream's last event (headers are already
+/// sent, so the error travels in the stream, in the adapter's shape).
+async fn send_error_event(tx: &mpsc::Sender<Event>, body: HttpResponse) {
+    let _ = tx
+        .send(Event::default().data(String::from_utf8_lossy(&body.body)))
+        .await;
 }
 
 /// Renders one update and sends its events; false when the client is gone
@@ -408,10 +408,7 @@ async fn send_all(
         Ok(e) => e,
         Err(e) => {
             tracing::warn!(error = %e, "adapter failed while streaming");
-            let body = host_error(&plugin_error(&e));
-            let _ = tx
-                .send(Event::default().data(String::from_utf8_lossy(&body.body)))
-                .await;
+            send_error_event(tx, host_error(&plugin_error(&e))).await;
             return false;
         }
     };
