@@ -35,6 +35,31 @@ impl KvCache {
         }
     }
 
+    /// A cache of `offset` positions from per-layer keys and values
+    /// `[1, H_kv, T, D]` with `T >= offset` (a restored SSD entry: `T ==
+    /// offset`, and the first update reallocates with room to grow).
+    pub fn from_layers(layers: Vec<(Array, Array)>, offset: usize) -> Self {
+        KvCache {
+            layers: layers
+                .into_iter()
+                .map(|(k, v)| LayerKv {
+                    keys: Some(k),
+                    values: Some(v),
+                })
+                .collect(),
+            offset,
+        }
+    }
+
+    /// Per layer, the key and value buffers `[1, H_kv, capacity, D]`
+    /// (`None` for a layer never written).
+    pub fn layer_buffers(&self) -> Vec<Option<(&Array, &Array)>> {
+        self.layers
+            .iter()
+            .map(|l| l.keys.as_ref().zip(l.values.as_ref()))
+            .collect()
+    }
+
     /// Number of cached positions (tokens already processed).
     pub fn offset(&self) -> usize {
         self.offset

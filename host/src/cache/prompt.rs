@@ -39,6 +39,19 @@ struct Entry {
     kv: KvCache,
     bytes: usize,
     last_used: u64,
+    /// Already handed to the SSD tier (no need to spill it on eviction).
+    persisted: bool,
+}
+
+/// An entry leaving RAM (eviction) or to be written (snapshot): its
+/// namespace, the token ids its KV holds, and the KV.
+pub struct Snapshot {
+    /// Cache namespace.
+    pub namespace: String,
+    /// Token ids; `kv.offset() == tokens.len()`.
+    pub tokens: Vec<u32>,
+    /// The KV (shares the cached arrays).
+    pub kv: KvCache,
 }
 
 /// A byte-capped LRU of KV caches keyed by (namespace, token prefix).
@@ -47,6 +60,9 @@ pub struct PromptCache {
     entries: Vec<Entry>,
     clock: u64,
     stats: PromptCacheStats,
+    /// Keep evicted entries that were never persisted, for the SSD tier.
+    keep_evicted: bool,
+    evicted: Vec<Snapshot>,
 }
 
 /// A reusable prefix: the KV (trimmed to `reused` positions).
@@ -72,7 +88,66 @@ impl PromptCache {
                 max_bytes,
                 ..Default::default()
             },
+            keep_evicted: false,
+            evicted: Vec::new(),
         }
+    }
+
+    /// Keeps evicted entries that were never persisted, to be taken with
+    /// [`PromptCache::take_evicted`] (the SSD tier spills them).
+    pub fn keep_evicted(mut self) -> Self {
+        self.keep_evicted = true;
+        self
+    }
+
+    /// How many tokens of `prompt` [`PromptCache::lookup`] would reuse, with
+    /// no side effects.
+    pub fn peek(&self, namespace: &str, prompt: &[u32]) -> usize {
+        if !self.enabled() || prompt.len() < 2 {
+            return 0;
+        }
+        let limit = prompt.len() - 1;
+        self.entries
+            .iter()
+            .filter(|e| e.namespace == namespace)
+            .map(|e| common_prefix(&e.tokens, prompt).min(limit))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Counts a lookup this tier did not serve (another tier did).
+    pub fn note_miss(&mut self) {
+        if self.enabled() {
+            self.stats.misses += 1;
+        }
+    }
+
+    /// Evicted entries that were never persisted (see
+    /// [`PromptCache::keep_evicted`]).
+    pub fn take_evicted(&mut self) -> Vec<Snapshot> {
+        std::mem::take(&mut self.evicted)
+    }
+
+    /// Whether some entry was never persisted.
+    pub fn has_unpersisted(&self) -> bool {
+        self.entries.iter().any(|e| !e.persisted)
+    }
+
+    /// Entries never persisted, now marked persisted (the caller hands them
+    /// to the SSD tier).
+    pub fn take_unpersisted(&mut self) -> Vec<Snapshot> {
+        self.entries
+            .iter_mut()
+            .filter(|e| !e.persisted)
+            .map(|e| {
+                e.persisted = true;
+                Snapshot {
+                    namespace: e.namespace.clone(),
+                    tokens: e.tokens.clone(),
+                    kv: e.kv.clone(),
+                }
+            })
+            .collect()
     }
 
     /// Whether the cache stores anything at all.
@@ -113,15 +188,20 @@ impl PromptCache {
 
     /// Stores the KV of `tokens` (exactly the positions `kv` holds). Entries
     /// that are a prefix of `tokens` are replaced (this one covers them);
-    /// then the least recently used go until the cap holds. An entry larger
-    /// than the whole cap is not stored.
-    pub fn insert(&mut self, namespace: &str, tokens: Vec<u32>, kv: KvCache) {
-        if !self.enabled() || tokens.is_empty() || kv.offset() != tokens.len() {
-            return;
+    /// then the least recently used go until the cap holds. Returns the
+    /// entry when it was not stored (the cache is disabled, or the entry is
+    /// larger than the whole cap), so another tier can take it.
+    pub fn insert(&mut self, namespace: &str, tokens: Vec<u32>, kv: KvCache) -> Option<Snapshot> {
+        if tokens.is_empty() || kv.offset() != tokens.len() {
+            return None;
         }
         let bytes = kv.nbytes();
-        if bytes > self.max_bytes {
-            return;
+        if !self.enabled() || bytes > self.max_bytes {
+            return Some(Snapshot {
+                namespace: namespace.to_string(),
+                tokens,
+                kv,
+            });
         }
         self.clock += 1;
         self.entries.retain(|e| {
@@ -135,6 +215,7 @@ impl PromptCache {
             kv,
             bytes,
             last_used: self.clock,
+            persisted: false,
         });
         while self.bytes() > self.max_bytes {
             let Some((oldest, _)) = self
@@ -145,9 +226,17 @@ impl PromptCache {
             else {
                 break;
             };
-            self.entries.remove(oldest);
+            let e = self.entries.remove(oldest);
             self.stats.evictions += 1;
+            if self.keep_evicted && !e.persisted {
+                self.evicted.push(Snapshot {
+                    namespace: e.namespace,
+                    tokens: e.tokens,
+                    kv: e.kv,
+                });
+            }
         }
+        None
     }
 
     fn bytes(&self) -> usize {

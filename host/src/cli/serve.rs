@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use mlxhost::plugin::{Kind, LivePlugins, PluginLimits};
+use mlxhost::cache::SsdConfig;
+use mlxhost::server::engine::CacheConfig;
 use mlxhost::server::{self, Defaults, ServeConfig};
 
 use super::ModelArgs;
@@ -73,6 +75,19 @@ pub struct ServeArgs {
     /// shared prefix of new prompts, capped at this many GiB (0 disables it).
     #[arg(long, default_value_t = 1.0)]
     prompt_cache: f64,
+    /// SSD cache directory: prompt-cache entries are written here (on RAM
+    /// eviction, and once requests settle) and restored after restarts;
+    /// created private to the user. Off when not given.
+    #[arg(long, value_name = "DIR")]
+    ssd_cache: Option<PathBuf>,
+    /// Byte cap of the SSD cache directory, GiB (every model's entries; the
+    /// least recently used go first).
+    #[arg(long, value_name = "GiB", default_value_t = 16.0)]
+    ssd_cache_max: f64,
+    /// Verify every tensor's checksum before an SSD entry is used (reads
+    /// the whole entry first; the header is always verified).
+    #[arg(long)]
+    ssd_cache_verify: bool,
     /// Most generations queued or running at once; more get a 503 (each
     /// holds plugin instances from a shared pool of 512).
     #[arg(long, default_value_t = 128)]
@@ -102,6 +117,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         anyhow::bail!(
             "--prompt-cache must be a size in GiB >= 0, got {}",
             args.prompt_cache
+        );
+    }
+    if !(args.ssd_cache_max > 0.0 && args.ssd_cache_max.is_finite()) {
+        anyhow::bail!(
+            "--ssd-cache-max must be a size in GiB > 0, got {}",
+            args.ssd_cache_max
         );
     }
     for (flag, v) in [("--top-p", args.top_p), ("--min-p", args.min_p)] {
@@ -183,7 +204,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         body_limit: args.body_limit << 20,
         drain: Duration::from_secs(args.shutdown_timeout),
-        prompt_cache_bytes: (args.prompt_cache * (1u64 << 30) as f64) as usize,
+        caches: CacheConfig {
+            prompt_cache_bytes: (args.prompt_cache * (1u64 << 30) as f64) as usize,
+            ssd: args.ssd_cache.clone().map(|dir| SsdConfig {
+                dir,
+                max_bytes: (args.ssd_cache_max * (1u64 << 30) as f64) as u64,
+                verify: args.ssd_cache_verify,
+            }),
+        },
         max_queue: args.max_queue.max(1),
     };
     let summary_plugins = live.clone();

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use mlx_rs::{ops::indexing::IndexOp, transforms::eval, Array, Dtype};
 
 use super::detokenize::{Detokenizer, StopMatcher};
-use crate::cache::PromptCache;
+use crate::cache::PrefixCache;
 use crate::model::{LoadedModel, ModelError, RowInput};
 use crate::plugin::session::{Chosen, RowChain, TokenChain};
 use crate::plugin::{PluginError, PluginHost, SamplingParams};
@@ -158,7 +158,7 @@ pub fn generate(
     model: &LoadedModel,
     plugins: &PluginHost,
     req: &GenerateRequest,
-    prompt_cache: Option<&mut PromptCache>,
+    prompt_cache: Option<&mut PrefixCache>,
     on_event: impl FnMut(GenerateEvent),
     cancelled: impl Fn() -> bool,
 ) -> Result<GenerateSummary, GenerateError> {
@@ -196,7 +196,7 @@ fn validate(model: &LoadedModel, req: &GenerateRequest) -> Result<(), GenerateEr
 
 /// The KV scheme a cache entry was computed under (cache namespace): KV
 /// from one compute path never seeds another.
-fn kv_namespace(model: &LoadedModel) -> String {
+pub fn kv_namespace(model: &LoadedModel) -> String {
     format!("{:?}", model.compute)
 }
 
@@ -207,7 +207,7 @@ pub fn generate_with(
     model: &LoadedModel,
     chain: &mut impl TokenChain,
     req: &GenerateRequest,
-    mut prompt_cache: Option<&mut PromptCache>,
+    mut prompt_cache: Option<&mut PrefixCache>,
     mut on_event: impl FnMut(GenerateEvent),
     cancelled: impl Fn() -> bool,
 ) -> Result<GenerateSummary, GenerateError> {

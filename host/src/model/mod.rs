@@ -5,6 +5,7 @@ pub mod chat_template;
 pub mod config;
 pub mod convert;
 pub mod error;
+pub mod fingerprint;
 pub mod gguf;
 pub mod linear;
 pub mod llama;

@@ -185,12 +185,15 @@ impl TextTokenizer {
             .map_err(|e| ModelError::invalid(path, e))
     }
 
-    /// A stable hash of the serialized tokenizer (cache keys).
-    pub fn fingerprint(&self) -> u64 {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.inner.to_string(false).unwrap_or_default().hash(&mut h);
-        h.finish()
+    /// A stable hash of the serialized tokenizer (SSD cache keys):
+    /// `xxh3-128:<32 hex digits>` of its canonical JSON, so it is the same
+    /// across runs, builds and platforms.
+    pub fn fingerprint(&self) -> String {
+        let json = self.inner.to_string(false).unwrap_or_default();
+        format!(
+            "xxh3-128:{:032x}",
+            xxhash_rust::xxh3::xxh3_128(json.as_bytes())
+        )
     }
 }
 

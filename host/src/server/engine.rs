@@ -5,12 +5,13 @@
 //! and it never blocks them.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
-use std::time::Instant;
+use std::sync::{mpsc, Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::cache::{PromptCache, PromptCacheStats};
+use crate::cache::ssd::{KvGeometry, ModelIdentity, SsdStatsHandle};
+use crate::cache::{PrefixCache, PromptCache, PromptCacheStats, SsdCache, SsdConfig};
 use crate::engine::{self, GenerateError, GenerateEvent, GenerateRequest, GenerateSummary};
 use crate::model::{ChatTemplate, LoadedModel, TextTokenizer};
 use crate::plugin::{LivePlugins, PluginHost};
@@ -67,11 +68,35 @@ pub struct Job {
     pub plugins: Arc<PluginHost>,
 }
 
+/// How long the queue must stay empty before unwritten cache entries go to
+/// the SSD tier (write-behind after requests settle).
+const SETTLE: Duration = Duration::from_secs(1);
+/// Entries unwritten for this long are written after the next request even
+/// when requests never settle.
+const MAX_UNWRITTEN: Duration = Duration::from_secs(30);
+
+/// The cache tiers' settings.
+#[derive(Debug, Clone, Default)]
+pub struct CacheConfig {
+    /// RAM prompt cache cap, bytes (0 disables it).
+    pub prompt_cache_bytes: usize,
+    /// The SSD tier, when on.
+    pub ssd: Option<SsdConfig>,
+}
+
+enum Msg {
+    Job(Box<Job>),
+    /// Write every unwritten cache entry, answer, and stop.
+    Shutdown(mpsc::Sender<bool>),
+}
+
 /// The HTTP side's handle on the engine thread.
 pub struct EngineHandle {
-    jobs: mpsc::Sender<Job>,
+    jobs: mpsc::Sender<Msg>,
     /// The prompt cache's counters, refreshed after every job.
     pub cache_stats: Arc<std::sync::Mutex<PromptCacheStats>>,
+    /// The SSD tier's counters (set once the model is loaded, when on).
+    pub ssd_stats: Arc<OnceLock<SsdStatsHandle>>,
     /// Set at shutdown once the drain period is over: running jobs stop at
     /// their next step.
     pub cancel_all: Arc<AtomicBool>,
@@ -87,7 +112,7 @@ impl EngineHandle {
     /// Queues a job. Errors when the engine thread has stopped.
     pub fn submit(&self, job: Job) -> Result<(), EngineGone> {
         self.queued.fetch_add(1, Ordering::Relaxed);
-        self.jobs.send(job).map_err(|_| {
+        self.jobs.send(Msg::Job(Box::new(job))).map_err(|_| {
             self.queued.fetch_sub(1, Ordering::Relaxed);
             EngineGone
         })
@@ -96,6 +121,17 @@ impl EngineHandle {
     /// Jobs queued or running.
     pub fn in_flight(&self) -> usize {
         self.queued.load(Ordering::Relaxed)
+    }
+
+    /// Asks the engine thread to write unwritten cache entries to the SSD
+    /// tier and stop, after the jobs already queued; waits at most
+    /// `timeout`. Returns whether everything was written.
+    pub fn shutdown(&self, timeout: Duration) -> bool {
+        let (tx, rx) = mpsc::channel();
+        if self.jobs.send(Msg::Shutdown(tx)).is_err() {
+            return true;
+        }
+        rx.recv_timeout(timeout).unwrap_or(false)
     }
 }
 
@@ -107,14 +143,16 @@ pub fn spawn(
     load: Box<dyn FnOnce() -> Result<(LoadedModel, String), String> + Send>,
     plugins: Arc<LivePlugins>,
     warmup_sampler: String,
-    prompt_cache_bytes: usize,
+    caches: CacheConfig,
     ready: tokio::sync::oneshot::Sender<Result<Frontend, String>>,
 ) -> std::io::Result<EngineHandle> {
-    let (tx, rx) = mpsc::channel::<Job>();
+    let (tx, rx) = mpsc::channel::<Msg>();
     let cache_stats = Arc::new(std::sync::Mutex::new(
-        PromptCache::new(prompt_cache_bytes).stats(),
+        PromptCache::new(caches.prompt_cache_bytes).stats(),
     ));
     let stats = cache_stats.clone();
+    let ssd_stats = Arc::new(OnceLock::new());
+    let ssd_stats_set = ssd_stats.clone();
     let cancel_all = Arc::new(AtomicBool::new(false));
     let queued = Arc::new(AtomicUsize::new(0));
     let (c, q) = (cancel_all.clone(), queued.clone());
@@ -135,6 +173,23 @@ pub fn spawn(
                 let _ = ready.send(Err(format!("warm-up generation failed: {e}")));
                 return;
             }
+            // The cache tiers live here, beside the model whose KV they hold.
+            let ssd = match &caches.ssd {
+                Some(cfg) => match open_ssd(&model, cfg) {
+                    Ok(ssd) => {
+                        let _ = ssd_stats_set
+                            .set(ssd.stats_handle(&engine::generate::kv_namespace(&model)));
+                        Some(ssd)
+                    }
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                        return;
+                    }
+                },
+                None => None,
+            };
+            let mut caches =
+                PrefixCache::new(PromptCache::new(caches.prompt_cache_bytes), ssd);
             let frontend = Frontend {
                 model_id,
                 tokenizer: model.tokenizer.clone(),
@@ -148,29 +203,99 @@ pub fn spawn(
                 return;
             }
             drop(plugins);
-            // The prompt cache lives here, beside the model whose KV it holds.
-            let mut prompt_cache = PromptCache::new(prompt_cache_bytes);
-            while let Ok(job) = rx.recv() {
+            let mut unwritten_since: Option<Instant> = None;
+            loop {
+                // With unwritten entries, wait only until requests settle.
+                let msg = if caches.has_unwritten() {
+                    match rx.recv_timeout(SETTLE) {
+                        Ok(m) => m,
+                        Err(mpsc::RecvTimeoutError::Timeout) => {
+                            caches.settle();
+                            unwritten_since = None;
+                            continue;
+                        }
+                        Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    }
+                } else {
+                    match rx.recv() {
+                        Ok(m) => m,
+                        Err(_) => break,
+                    }
+                };
+                let job = match msg {
+                    Msg::Job(job) => job,
+                    Msg::Shutdown(ack) => {
+                        let _ = ack.send(caches.flush(SHUTDOWN_FLUSH));
+                        return;
+                    }
+                };
                 // A panic fails only this job (its event channel is dropped,
                 // which the HTTP side reports as a 500).
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    run_job(&model, job, &c, &mut prompt_cache)
+                    run_job(&model, *job, &c, &mut caches)
                 }));
                 if ran.is_err() {
                     tracing::error!("the engine panicked while running a job; it keeps serving");
                 }
+                caches.spill_evicted();
+                if caches.has_unwritten() {
+                    let since = *unwritten_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= MAX_UNWRITTEN {
+                        caches.settle();
+                        unwritten_since = None;
+                    }
+                }
                 if let Ok(mut s) = stats.lock() {
-                    *s = prompt_cache.stats();
+                    *s = caches.ram_stats();
                 }
                 q.fetch_sub(1, Ordering::Relaxed);
             }
+            // Every handle is gone: write what is left.
+            caches.flush(SHUTDOWN_FLUSH);
         })?;
     Ok(EngineHandle {
         jobs: tx,
         cache_stats,
+        ssd_stats,
         cancel_all,
         queued,
     })
+}
+
+/// How long a shutdown waits for the SSD writer.
+const SHUTDOWN_FLUSH: Duration = Duration::from_secs(60);
+
+/// Opens the SSD tier for `model`: fingerprints the checkpoint (config and
+/// weights content) and the tokenizer.
+fn open_ssd(model: &LoadedModel, cfg: &SsdConfig) -> Result<SsdCache, String> {
+    let started = Instant::now();
+    let fingerprint = crate::model::fingerprint::fingerprint(&model.path, &model.format)
+        .map_err(|e| format!("fingerprinting {} for --ssd-cache: {e}", model.path.display()))?;
+    let config = &model.model.config;
+    let identity = ModelIdentity {
+        model: fingerprint,
+        tokenizer: model.tokenizer.fingerprint(),
+        geometry: KvGeometry {
+            layers: config.num_hidden_layers,
+            kv_heads: config.num_key_value_heads,
+            head_dim: config.head_dim(),
+            dtype: model.model.dtype,
+        },
+    };
+    let ssd = SsdCache::open(cfg, identity).map_err(|e| e.to_string())?;
+    let stats = ssd
+        .stats_handle(&engine::generate::kv_namespace(model))
+        .stats();
+    tracing::info!(
+        dir = %cfg.dir.display(),
+        entries = stats.entries,
+        entries_all = stats.entries_all,
+        bytes = stats.bytes,
+        quarantined = stats.quarantined,
+        ms = started.elapsed().as_millis() as u64,
+        "SSD cache opened"
+    );
+    Ok(ssd)
 }
 
 /// Two tokens through the whole path (template, prefill, plugin chain,
@@ -196,7 +321,7 @@ fn warm_up(model: &LoadedModel, plugins: &PluginHost, sampler: &str) -> Result<(
         .map_err(|e| e.to_string())
 }
 
-fn run_job(model: &LoadedModel, job: Job, cancel_all: &AtomicBool, prompt_cache: &mut PromptCache) {
+fn run_job(model: &LoadedModel, job: Job, cancel_all: &AtomicBool, caches: &mut PrefixCache) {
     let Job {
         request_id,
         request,
@@ -222,7 +347,7 @@ fn run_job(model: &LoadedModel, job: Job, cancel_all: &AtomicBool, prompt_cache:
         model,
         &plugins,
         &request,
-        Some(prompt_cache),
+        Some(caches),
         |ev| {
             let out = match ev {
                 GenerateEvent::Started => JobEvent::Started,

@@ -94,8 +94,9 @@ pub async fn health(State(app): State<Arc<AppState>>) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-/// `GET /stats`: the prompt cache's counters (hits, misses, tokens
-/// reused, entries, bytes, cap, evictions) and the requests in flight.
+/// `GET /stats`: the RAM prompt cache's counters (hits, misses, tokens
+/// reused, entries, bytes, cap, evictions), the SSD tier's (`null` when
+/// off; see `SsdCacheStats`) and the requests in flight.
 pub async fn stats(State(app): State<Arc<AppState>>) -> Response {
     let cache = app
         .engine
@@ -103,9 +104,11 @@ pub async fn stats(State(app): State<Arc<AppState>>) -> Response {
         .lock()
         .map(|s| s.clone())
         .unwrap_or_default();
+    let ssd = app.engine.ssd_stats.get().map(|h| h.stats());
     axum::Json(serde_json::json!({
         "in_flight": app.engine.in_flight(),
         "prompt_cache": cache,
+        "ssd_cache": ssd,
     }))
     .into_response()
 }

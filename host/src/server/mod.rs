@@ -37,8 +37,8 @@ pub struct ServeConfig {
     /// After SIGTERM/SIGINT, how long in-flight requests may finish before
     /// they are cancelled.
     pub drain: Duration,
-    /// RAM prompt cache cap, bytes (0 disables it).
-    pub prompt_cache_bytes: usize,
+    /// The cache tiers (RAM prompt cache, SSD tier).
+    pub caches: engine::CacheConfig,
     /// Most generations queued or running; more get a 503.
     pub max_queue: usize,
 }
@@ -65,6 +65,9 @@ pub enum ServeError {
 /// How long after the drain period (and the cancellation of what still
 /// runs) the server waits for connections to close before it stops anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// How long shutdown waits for the engine to write unwritten SSD cache
+/// entries (after any job still running has been cancelled).
+const SHUTDOWN_FLUSH: Duration = Duration::from_secs(60);
 
 /// The request id assigned by the middleware (response header `x-request-id`).
 #[derive(Debug, Clone)]
@@ -137,7 +140,7 @@ async fn serve(
         load,
         config.plugins.clone(),
         config.defaults.sampler.clone(),
-        config.prompt_cache_bytes,
+        config.caches,
         ready_tx,
     )?;
     let routes = adapter_routes(&config.plugins.current());
@@ -227,6 +230,13 @@ async fn serve(
     }
     if let Some(e) = load_failed.get() {
         return Err(ServeError::Load(e.clone()));
+    }
+    // Write the cache entries not yet on disk (SSD tier) before exiting.
+    let flushed = tokio::task::spawn_blocking(move || app.engine.shutdown(SHUTDOWN_FLUSH))
+        .await
+        .unwrap_or(false);
+    if !flushed {
+        tracing::warn!("the engine did not finish writing the SSD cache before shutdown");
     }
     tracing::info!("server stopped");
     Ok(())

@@ -1,0 +1,189 @@
+//! Restoring an entry: `mmap` the file and hand each tensor's bytes to MLX
+//! as an array that borrows the mapping (no copy where the backend can wrap
+//! host memory: the CPU backend, and Metal for page-aligned buffers; other
+//! backends copy once). The mapping is private copy-on-write, so MLX may
+//! write into a restored buffer in place without touching the file.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use memmap2::{MmapMut, MmapOptions};
+use mlx_rs::{Array, Dtype};
+
+use super::format::{self, EntryKey, FormatError, Header};
+use crate::cache::KvCache;
+
+/// The KV layout the running model expects (every restored tensor is
+/// checked against it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvGeometry {
+    /// Transformer layers.
+    pub layers: usize,
+    /// KV heads per layer (`H_kv`).
+    pub kv_heads: usize,
+    /// Head dimension (`D`).
+    pub head_dim: usize,
+    /// KV dtype (the activation dtype).
+    pub dtype: Dtype,
+}
+
+/// The dtype's name in the file format.
+pub fn dtype_name(dtype: Dtype) -> Option<&'static str> {
+    match dtype {
+        Dtype::Float32 => Some("float32"),
+        Dtype::Float16 => Some("float16"),
+        Dtype::Bfloat16 => Some("bfloat16"),
+        _ => None,
+    }
+}
+
+/// The tensor names of a full cache, in file order.
+pub fn tensor_names(layers: usize) -> Vec<String> {
+    (0..layers)
+        .flat_map(|l| [format!("layers.{l}.keys"), format!("layers.{l}.values")])
+        .collect()
+}
+
+unsafe extern "C" fn release_mapping(payload: *mut std::ffi::c_void) {
+    // SAFETY: `payload` is the `Box<Arc<MmapMut>>` leaked in `borrowed_array`,
+    // and MLX calls this exactly once, when the array's buffer is freed.
+    unsafe { drop(Box::from_raw(payload as *mut Arc<MmapMut>)) };
+}
+
+/// An MLX array over `len` bytes of `map` at `offset` (which the caller has
+/// checked are in bounds and sized for `shape` and `dtype`).
+fn borrowed_array(
+    map: &Arc<MmapMut>,
+    base: *mut u8,
+    offset: usize,
+    shape: &[i32],
+    dtype: Dtype,
+) -> Result<Array, FormatError> {
+    let payload = Box::into_raw(Box::new(map.clone())) as *mut std::ffi::c_void;
+    // SAFETY: `base + offset` lies inside the mapping (bounds checked by
+    // `format::read_header`), which the payload keeps alive until MLX calls
+    // `release_mapping`; the mapping is private and writable, so in-place
+    // writes by MLX are allowed and never reach the file.
+    let c = unsafe {
+        mlx_sys::mlx_array_new_data_managed_payload(
+            base.add(offset) as *mut std::ffi::c_void,
+            shape.as_ptr(),
+            shape.len() as i32,
+            dtype.into(),
+            payload,
+            Some(release_mapping),
+        )
+    };
+    if c.ctx.is_null() {
+        // SAFETY: MLX did not take ownership of the payload.
+        unsafe { release_mapping(payload) };
+        return Err(FormatError::Corrupt("MLX refused the buffer".into()));
+    }
+    // SAFETY: `c` is a fresh, owned array handle.
+    Ok(unsafe { Array::from_ptr(c) })
+}
+
+/// Reads the pages of `bytes` with a few threads at once: one reader
+/// leaves most of an SSD's bandwidth unused (measured 0.4 GB/s with one
+/// thread, 1.6 GB/s with eight on the dev machine).
+fn prefault(bytes: &[u8]) {
+    const THREADS: usize = 8;
+    const PAGE: usize = 4096;
+    let chunk = bytes.len().div_ceil(THREADS).max(PAGE);
+    std::thread::scope(|s| {
+        for part in bytes.chunks(chunk) {
+            s.spawn(move || {
+                let mut sum = 0u8;
+                for i in (0..part.len()).step_by(PAGE) {
+                    // SAFETY: `i` is in bounds; a volatile read so the page
+                    // fault is not optimized away.
+                    sum ^= unsafe { std::ptr::read_volatile(part.as_ptr().add(i)) };
+                }
+                std::hint::black_box(sum);
+            });
+        }
+    });
+}
+
+/// Loads the entry at `path` as a KV cache of `header.tokens.len()`
+/// positions, after checking its key and geometry (and, with `verify`,
+/// every tensor's hash).
+///
+/// Errors: [`FormatError`] for any mismatch; the caller quarantines.
+pub fn load(
+    path: &Path,
+    expected: &EntryKey,
+    geometry: &KvGeometry,
+    verify: bool,
+) -> Result<(KvCache, Vec<u32>), FormatError> {
+    let file = File::open(path)?;
+    let header = format::read_header(&file)?;
+    check_layout(&header, expected, geometry)?;
+    // SAFETY: entry files are never modified in place (writers rename new
+    // files over them; eviction unlinks), so the mapping's contents are
+    // stable while it lives.
+    let mut map = unsafe { MmapOptions::new().map_copy(&file)? };
+    let base = map.as_mut_ptr();
+    #[cfg(unix)]
+    let _ = map.advise(memmap2::Advice::WillNeed);
+    prefault(&map);
+    if verify {
+        for t in &header.tensors {
+            let range = t.offset as usize..(t.offset + t.nbytes) as usize;
+            format::verify_tensor(t, &map[range])?;
+        }
+    }
+    let map = Arc::new(map);
+    let n = header.tokens.len();
+    let mut layers = Vec::with_capacity(geometry.layers);
+    for pair in header.tensors.chunks(2) {
+        let shape: Vec<i32> = pair[0].shape.iter().map(|&d| d as i32).collect();
+        let k = borrowed_array(&map, base, pair[0].offset as usize, &shape, geometry.dtype)?;
+        let v = borrowed_array(&map, base, pair[1].offset as usize, &shape, geometry.dtype)?;
+        layers.push((k, v));
+    }
+    Ok((KvCache::from_layers(layers, n), header.tokens))
+}
+
+/// The header must describe exactly the cache the model would build.
+fn check_layout(
+    header: &Header,
+    expected: &EntryKey,
+    geometry: &KvGeometry,
+) -> Result<(), FormatError> {
+    if &header.key != expected {
+        return Err(FormatError::Corrupt(
+            "its key does not match the running model".into(),
+        ));
+    }
+    if header.kind != "full" {
+        return Err(FormatError::Corrupt(format!(
+            "cache kind {:?} is not the model's (full)",
+            header.kind
+        )));
+    }
+    let names = tensor_names(geometry.layers);
+    let dtype = dtype_name(geometry.dtype).unwrap_or("?");
+    let n = header.tokens.len() as u64;
+    let shape = [
+        1,
+        geometry.kv_heads as u64,
+        n,
+        geometry.head_dim as u64,
+    ];
+    let ok = n > 0
+        && header.tensors.len() == names.len()
+        && header
+            .tensors
+            .iter()
+            .zip(&names)
+            .all(|(t, name)| &t.name == name && t.dtype == dtype && t.shape == shape);
+    if ok {
+        Ok(())
+    } else {
+        Err(FormatError::Corrupt(
+            "its tensors do not match the model's KV layout".into(),
+        ))
+    }
+}
