@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use mlxhost::plugin::{Kind, LivePlugins, PluginLimits};
 use mlxhost::cache::SsdConfig;
+use mlxhost::plugin::{Kind, LivePlugins, PluginLimits};
 use mlxhost::server::engine::CacheConfig;
 use mlxhost::server::{self, Defaults, ServeConfig};
 

@@ -188,8 +188,7 @@ pub fn spawn(
                 },
                 None => None,
             };
-            let mut caches =
-                PrefixCache::new(PromptCache::new(caches.prompt_cache_bytes), ssd);
+            let mut caches = PrefixCache::new(PromptCache::new(caches.prompt_cache_bytes), ssd);
             let frontend = Frontend {
                 model_id,
                 tokenizer: model.tokenizer.clone(),
@@ -269,8 +268,13 @@ const SHUTDOWN_FLUSH: Duration = Duration::from_secs(60);
 /// weights content) and the tokenizer.
 fn open_ssd(model: &LoadedModel, cfg: &SsdConfig) -> Result<SsdCache, String> {
     let started = Instant::now();
-    let fingerprint = crate::model::fingerprint::fingerprint(&model.path, &model.format)
-        .map_err(|e| format!("fingerprinting {} for --ssd-cache: {e}", model.path.display()))?;
+    let fingerprint =
+        crate::model::fingerprint::fingerprint(&model.path, &model.format).map_err(|e| {
+            format!(
+                "fingerprinting {} for --ssd-cache: {e}",
+                model.path.display()
+            )
+        })?;
     let config = &model.model.config;
     let identity = ModelIdentity {
         model: fingerprint,

@@ -188,7 +188,10 @@ pub fn write_entry(
             });
             offset = align_up(offset + nbytes);
         }
-        let file_len = records.last().map(|r| r.offset + r.nbytes).unwrap_or(data_start);
+        let file_len = records
+            .last()
+            .map(|r| r.offset + r.nbytes)
+            .unwrap_or(data_start);
         let header = Header {
             key: key.clone(),
             kind: kind.to_string(),
@@ -342,20 +345,22 @@ mod tests {
     }
 
     fn write_sample(dir: &std::path::Path) -> (std::path::PathBuf, Vec<u8>) {
-        let data: Vec<u8> = (0..10_000u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let data: Vec<u8> = (0..10_000u32)
+            .flat_map(|i| (i as f32).to_le_bytes())
+            .collect();
         let path = dir.join("e.kv");
         let mut f = File::create(&path).unwrap();
         let sources = vec![
             TensorSource {
                 name: "layers.0.keys".into(),
                 dtype: "float32".into(),
-                shape: vec![1, 2, 5, 500],
+                shape: vec![1, 2, 10, 500],
                 runs: vec![&data[..20_000], &data[20_000..]],
             },
             TensorSource {
                 name: "layers.0.values".into(),
                 dtype: "float32".into(),
-                shape: vec![1, 2, 5, 500],
+                shape: vec![1, 2, 10, 500],
                 runs: vec![&data],
             },
         ];

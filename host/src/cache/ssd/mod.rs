@@ -15,6 +15,9 @@ pub mod restore;
 pub mod store;
 pub mod writer;
 
+#[cfg(test)]
+mod tests;
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -253,7 +256,11 @@ impl SsdCache {
                         r.tokens_restored += reused as u64;
                         r.last_restore_ms = ms;
                     }
-                    tracing::info!(tokens = reused, ms = format!("{ms:.1}"), "restored KV from the SSD cache");
+                    tracing::info!(
+                        tokens = reused,
+                        ms = format!("{ms:.1}"),
+                        "restored KV from the SSD cache"
+                    );
                     return Some(Reuse { kv, reused });
                 }
                 Ok(_) => self.quarantine(&entry.path, "its tokens changed since it was indexed"),

@@ -166,12 +166,7 @@ fn check_layout(
     let names = tensor_names(geometry.layers);
     let dtype = dtype_name(geometry.dtype).unwrap_or("?");
     let n = header.tokens.len() as u64;
-    let shape = [
-        1,
-        geometry.kv_heads as u64,
-        n,
-        geometry.head_dim as u64,
-    ];
+    let shape = [1, geometry.kv_heads as u64, n, geometry.head_dim as u64];
     let ok = n > 0
         && header.tensors.len() == names.len()
         && header

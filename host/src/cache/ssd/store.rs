@@ -173,7 +173,10 @@ impl Store {
                 self.quarantine(&key_dir, "not an entry directory");
                 continue;
             }
-            let Some(digest) = key_dir.file_name().and_then(|n| n.to_str()).map(String::from)
+            let Some(digest) = key_dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .map(String::from)
             else {
                 continue;
             };
@@ -227,10 +230,10 @@ impl Store {
     /// Errors: the file cannot be created or locked.
     pub fn begin_write(&mut self) -> std::io::Result<PendingFile> {
         self.seq += 1;
-        let path = self
-            .root
-            .join(TMP_DIR)
-            .join(format!("{}-{}.partial", std::process::id(), self.seq));
+        let path =
+            self.root
+                .join(TMP_DIR)
+                .join(format!("{}-{}.partial", std::process::id(), self.seq));
         let file = create_private_file(&path)?;
         let pending = PendingFile {
             file,

@@ -183,7 +183,10 @@ fn write_one(store: &Mutex<Store>, job: WriteJob) {
                     fail(
                         store,
                         &job,
-                        &std::io::Error::other(format!("tensor {} is smaller than its layout", t.name)),
+                        &std::io::Error::other(format!(
+                            "tensor {} is smaller than its layout",
+                            t.name
+                        )),
                     );
                     return;
                 }
@@ -196,7 +199,13 @@ fn write_one(store: &Mutex<Store>, job: WriteJob) {
             runs,
         });
     }
-    let written = format::write_entry(&mut pending.file, &job.key, &job.kind, &job.tokens, &sources);
+    let written = format::write_entry(
+        &mut pending.file,
+        &job.key,
+        &job.kind,
+        &job.tokens,
+        &sources,
+    );
     drop(sources);
     let result = written.and_then(|bytes| {
         let Ok(mut s) = store.lock() else {
