@@ -187,6 +187,9 @@ fn damaged(damage: impl Fn(&Path), verify: bool) -> (SsdCacheStats, bool) {
     (stats, restored)
 }
 
+/// A way to damage an entry file.
+type Damage = Box<dyn Fn(&Path)>;
+
 fn flip_byte(path: &Path, at: usize) {
     let mut b = std::fs::read(path).unwrap();
     b[at] ^= 0x01;
@@ -195,7 +198,7 @@ fn flip_byte(path: &Path, at: usize) {
 
 #[test]
 fn truncated_bit_flipped_wrong_version_and_foreign_files_are_quarantined() {
-    let cases: Vec<(&str, Box<dyn Fn(&Path)>)> = vec![
+    let cases: Vec<(&str, Damage)> = vec![
         (
             "truncated",
             Box::new(|p: &Path| {
