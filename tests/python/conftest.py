@@ -39,6 +39,14 @@ class Server:
         if wait:
             self.wait_ready()
 
+    @staticmethod
+    def default_model():
+        """The model `serve` loads without --model (installed by scripts/setup.sh)."""
+        cache = os.environ.get("MLXHOST_CACHE") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mlxhost"
+        )
+        return Path(cache) / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
     def wait_ready(self, timeout=180):
         deadline = time.time() + timeout
         while time.time() < deadline:
