@@ -172,6 +172,7 @@ pub struct SsdCache {
     restores: Arc<Mutex<RestoreCounters>>,
     identity: ModelIdentity,
     verify: bool,
+    max_bytes: u64,
 }
 
 impl SsdCache {
@@ -197,6 +198,7 @@ impl SsdCache {
             restores: Arc::new(Mutex::new(RestoreCounters::default())),
             identity,
             verify: config.verify,
+            max_bytes: config.max_bytes,
         })
     }
 
@@ -264,6 +266,12 @@ impl SsdCache {
                     return Some(Reuse { kv, reused });
                 }
                 Ok(_) => self.quarantine(&entry.path, "its tokens changed since it was indexed"),
+                // Another server sharing the directory evicted it: not damage.
+                Err(format::FormatError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                    if let Ok(mut s) = self.store.lock() {
+                        s.forget(&entry.path);
+                    }
+                }
                 Err(e) => self.quarantine(&entry.path, &e.to_string()),
             }
         }
@@ -308,6 +316,15 @@ impl SsdCache {
         let dtype = restore::dtype_name(self.identity.geometry.dtype).unwrap_or("?");
         if tensors.iter().any(|t| t.dtype != dtype) {
             return Err(SsdError::Dtype(self.identity.geometry.dtype));
+        }
+        // An entry larger than the whole cap would only evict everything.
+        let bytes: usize = tensors
+            .iter()
+            .flat_map(|t| t.runs.iter().map(|r| r.len()))
+            .sum();
+        if bytes as u64 > self.max_bytes {
+            tracing::debug!(bytes, "entry larger than --ssd-cache-max; not written");
+            return Ok(());
         }
         self.writer.submit(WriteJob {
             key,

@@ -1,8 +1,11 @@
-//! Restoring an entry: `mmap` the file and hand each tensor's bytes to MLX
-//! as an array that borrows the mapping (no copy where the backend can wrap
-//! host memory: the CPU backend, and Metal for page-aligned buffers; other
-//! backends copy once). The mapping is private copy-on-write, so MLX may
-//! write into a restored buffer in place without touching the file.
+//! Restoring an entry: `mmap` the file, page it in with several threads,
+//! and hand each tensor's bytes to MLX with a release callback that owns
+//! the mapping (mlx-c's `mlx_array_new_data_managed_payload`). A backend
+//! whose allocator can adopt host memory uses the pages in place; MLX's
+//! CPU allocator cannot (it keeps a size header before each buffer), so it
+//! copies once and calls the release callback right away. The mapping is
+//! private copy-on-write, so a backend that adopts it may write into a
+//! restored buffer in place without touching the file.
 
 use std::fs::File;
 use std::path::Path;

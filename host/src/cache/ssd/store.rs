@@ -307,6 +307,11 @@ impl Store {
         }
     }
 
+    /// Drops `path` from the index (the file is already gone).
+    pub fn forget(&mut self, path: &Path) {
+        self.entries.retain(|e| e.path != path);
+    }
+
     /// Moves `path` to `quarantine/` (and out of the index), logging why.
     pub fn quarantine(&mut self, path: &Path, reason: &str) {
         tracing::warn!(file = %path.display(), reason, "SSD cache file quarantined");

@@ -474,3 +474,29 @@ fn a_writer_killed_at_random_points_never_leaves_a_wrong_file() {
     assert!(restored > 0, "no entry was ever completed");
     eprintln!("{KILLS} kills: {partials_seen} interrupted a write; {restored} entries restored");
 }
+
+/// Restored arrays hold the file's mapping only as long as MLX needs it
+/// (the release callback runs): nothing stays mapped once the KV is gone.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_restore_releases_the_mapping() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = seq(1, 100);
+    let ssd = open(dir.path(), identity("m", "t", D), BIG, false);
+    write(&ssd, &tokens);
+    let path = ssd.store.lock().unwrap().entries()[0].path.clone();
+    let file = path.to_string_lossy().into_owned();
+    let mapped = || {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .any(|l| l.ends_with(&*file))
+    };
+    let r = ssd.restore("ns", &tokens).unwrap();
+    assert!(holds(&r.kv, &tokens, 99, D));
+    drop(r);
+    assert!(
+        !mapped(),
+        "the entry file is still mapped after its KV was dropped"
+    );
+}
