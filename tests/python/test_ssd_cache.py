@@ -70,11 +70,12 @@ def test_a_restart_restores_from_ssd_with_the_same_output(tmp_path):
 
 def test_sigterm_writes_what_requests_left_unwritten(tmp_path):
     ssd = tmp_path / "ssd"
-    s = Server("--ssd-cache", str(ssd))
+    # Requests never "settle" in this test (ten minutes of quiet needed): only SIGTERM writes.
+    s = Server("--ssd-cache", str(ssd), "--ssd-cache-settle-ms", "600000")
     try:
         with s.http() as c:
             cold = run(c, FIRST)
-            # Requests have not settled yet (a second of quiet): nothing written.
+            time.sleep(1.5)
             assert ssd_stats(c)["writes"] == 0
     finally:
         assert s.stop() == 0
@@ -176,6 +177,23 @@ def test_damaged_files_are_quarantined_and_the_server_keeps_answering(tmp_path):
     finally:
         s.stop()
     assert len(list((ssd / "quarantine").iterdir())) == 2
+
+
+def test_a_second_server_on_the_same_directory_is_refused(tmp_path):
+    ssd = tmp_path / "ssd"
+    first = Server("--ssd-cache", str(ssd))
+    try:
+        second = Server("--ssd-cache", str(ssd), wait=False)
+        try:
+            second.proc.wait(120)
+            assert second.proc.returncode != 0
+            assert "another mlxhost server is using this directory" in second.text()
+        finally:
+            second.stop()
+        with first.http() as c:
+            assert c.get("/health").status_code == 200
+    finally:
+        first.stop()
 
 
 def test_a_bad_ssd_cache_flag_is_named(tmp_path):

@@ -39,7 +39,7 @@ struct Entry {
     kv: KvCache,
     bytes: usize,
     last_used: u64,
-    /// Already handed to the SSD tier (no need to spill it on eviction).
+    /// Already handed to the SSD tier (no need to snapshot it again).
     persisted: bool,
 }
 
@@ -93,8 +93,8 @@ impl PromptCache {
         }
     }
 
-    /// Keeps evicted entries that were never persisted, to be taken with
-    /// [`PromptCache::take_evicted`] (the SSD tier spills them).
+    /// Keeps evicted entries, to be taken with [`PromptCache::take_evicted`]
+    /// (the SSD tier spills them).
     pub fn keep_evicted(mut self) -> Self {
         self.keep_evicted = true;
         self
@@ -122,8 +122,7 @@ impl PromptCache {
         }
     }
 
-    /// Evicted entries that were never persisted (see
-    /// [`PromptCache::keep_evicted`]).
+    /// Evicted entries (see [`PromptCache::keep_evicted`]).
     pub fn take_evicted(&mut self) -> Vec<Snapshot> {
         std::mem::take(&mut self.evicted)
     }
@@ -228,7 +227,9 @@ impl PromptCache {
             };
             let e = self.entries.remove(oldest);
             self.stats.evictions += 1;
-            if self.keep_evicted && !e.persisted {
+            // Spilled even when written before: the SSD may have evicted
+            // it since (the writer skips it when the disk still has it).
+            if self.keep_evicted {
                 self.evicted.push(Snapshot {
                     namespace: e.namespace,
                     tokens: e.tokens,

@@ -58,6 +58,12 @@ impl PrefixCache {
                     !(d.namespace == left.namespace && left.tokens.starts_with(&d.tokens))
                 });
                 self.direct.push(left);
+                // They pin their KV until written: past the budget, write now.
+                let held: usize = self.direct.iter().map(|d| d.kv.nbytes()).sum();
+                if held > super::ssd::writer::QUEUE_BUDGET_BYTES / 2 {
+                    let batch = std::mem::take(&mut self.direct);
+                    self.write(batch);
+                }
             }
         }
     }

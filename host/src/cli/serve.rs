@@ -88,6 +88,10 @@ pub struct ServeArgs {
     /// the whole entry first; the header is always verified).
     #[arg(long)]
     ssd_cache_verify: bool,
+    /// How long no request may arrive before unwritten cache entries are
+    /// written to the SSD cache (write-behind once requests settle), ms.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    ssd_cache_settle_ms: u64,
     /// Most generations queued or running at once; more get a 503 (each
     /// holds plugin instances from a shared pool of 512).
     #[arg(long, default_value_t = 128)]
@@ -211,6 +215,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 max_bytes: (args.ssd_cache_max * (1u64 << 30) as f64) as u64,
                 verify: args.ssd_cache_verify,
             }),
+            settle: Duration::from_millis(args.ssd_cache_settle_ms),
         },
         max_queue: args.max_queue.max(1),
     };

@@ -188,12 +188,17 @@ impl TextTokenizer {
     /// A stable hash of the serialized tokenizer (SSD cache keys):
     /// `xxh3-128:<32 hex digits>` of its canonical JSON, so it is the same
     /// across runs, builds and platforms.
-    pub fn fingerprint(&self) -> String {
-        let json = self.inner.to_string(false).unwrap_or_default();
-        format!(
+    ///
+    /// Errors: the tokenizer cannot be serialized.
+    pub fn fingerprint(&self) -> Result<String> {
+        let json = self
+            .inner
+            .to_string(false)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        Ok(format!(
             "xxh3-128:{:032x}",
             xxhash_rust::xxh3::xxh3_128(json.as_bytes())
-        )
+        ))
     }
 }
 

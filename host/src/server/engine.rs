@@ -68,9 +68,6 @@ pub struct Job {
     pub plugins: Arc<PluginHost>,
 }
 
-/// How long the queue must stay empty before unwritten cache entries go to
-/// the SSD tier (write-behind after requests settle).
-const SETTLE: Duration = Duration::from_secs(1);
 /// Entries unwritten for this long are written after the next request even
 /// when requests never settle.
 const MAX_UNWRITTEN: Duration = Duration::from_secs(30);
@@ -82,6 +79,9 @@ pub struct CacheConfig {
     pub prompt_cache_bytes: usize,
     /// The SSD tier, when on.
     pub ssd: Option<SsdConfig>,
+    /// How long the queue must stay empty before unwritten entries go to
+    /// the SSD tier (write-behind after requests settle).
+    pub settle: Duration,
 }
 
 enum Msg {
@@ -188,6 +188,7 @@ pub fn spawn(
                 },
                 None => None,
             };
+            let caches_settle = caches.settle.max(Duration::from_millis(1));
             let mut caches = PrefixCache::new(PromptCache::new(caches.prompt_cache_bytes), ssd);
             let frontend = Frontend {
                 model_id,
@@ -206,10 +207,10 @@ pub fn spawn(
             loop {
                 // With unwritten entries, wait only until requests settle.
                 let msg = if caches.has_unwritten() {
-                    match rx.recv_timeout(SETTLE) {
+                    match rx.recv_timeout(caches_settle) {
                         Ok(m) => m,
                         Err(mpsc::RecvTimeoutError::Timeout) => {
-                            caches.settle();
+                            guarded("settle", || caches.settle());
                             unwritten_since = None;
                             continue;
                         }
@@ -224,7 +225,8 @@ pub fn spawn(
                 let job = match msg {
                     Msg::Job(job) => job,
                     Msg::Shutdown(ack) => {
-                        let _ = ack.send(caches.flush(SHUTDOWN_FLUSH));
+                        let flushed = guarded("flush", || caches.flush(SHUTDOWN_FLUSH));
+                        let _ = ack.send(flushed.unwrap_or(false));
                         return;
                     }
                 };
@@ -236,11 +238,11 @@ pub fn spawn(
                 if ran.is_err() {
                     tracing::error!("the engine panicked while running a job; it keeps serving");
                 }
-                caches.spill_evicted();
+                guarded("spill", || caches.spill_evicted());
                 if caches.has_unwritten() {
                     let since = *unwritten_since.get_or_insert_with(Instant::now);
                     if since.elapsed() >= MAX_UNWRITTEN {
-                        caches.settle();
+                        guarded("settle", || caches.settle());
                         unwritten_since = None;
                     }
                 }
@@ -250,7 +252,7 @@ pub fn spawn(
                 q.fetch_sub(1, Ordering::Relaxed);
             }
             // Every handle is gone: write what is left.
-            caches.flush(SHUTDOWN_FLUSH);
+            guarded("flush", || caches.flush(SHUTDOWN_FLUSH));
         })?;
     Ok(EngineHandle {
         jobs: tx,
@@ -261,8 +263,21 @@ pub fn spawn(
     })
 }
 
-/// How long a shutdown waits for the SSD writer.
-const SHUTDOWN_FLUSH: Duration = Duration::from_secs(60);
+/// How long a shutdown waits for the SSD writer (the HTTP side waits a
+/// little longer for the engine's answer).
+pub const SHUTDOWN_FLUSH: Duration = Duration::from_secs(60);
+
+/// Runs cache upkeep so a panic (an MLX exception surfacing through
+/// mlx-rs) loses that upkeep, not the engine thread.
+fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Option<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(v) => Some(v),
+        Err(_) => {
+            tracing::error!(what, "the cache tiers panicked; the engine keeps serving");
+            None
+        }
+    }
+}
 
 /// Opens the SSD tier for `model`: fingerprints the checkpoint (config and
 /// weights content) and the tokenizer.
@@ -278,7 +293,10 @@ fn open_ssd(model: &LoadedModel, cfg: &SsdConfig) -> Result<SsdCache, String> {
     let config = &model.model.config;
     let identity = ModelIdentity {
         model: fingerprint,
-        tokenizer: model.tokenizer.fingerprint(),
+        tokenizer: model
+            .tokenizer
+            .fingerprint()
+            .map_err(|e| format!("fingerprinting the tokenizer for --ssd-cache: {e}"))?,
         geometry: KvGeometry {
             layers: config.num_hidden_layers,
             kv_heads: config.num_key_value_heads,

@@ -66,8 +66,9 @@ pub enum ServeError {
 /// runs) the server waits for connections to close before it stops anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// How long shutdown waits for the engine to write unwritten SSD cache
-/// entries (after any job still running has been cancelled).
-const SHUTDOWN_FLUSH: Duration = Duration::from_secs(60);
+/// entries (after any job still running has been cancelled): the engine's
+/// own wait for the writer plus time to hand the last entries over.
+const SHUTDOWN_FLUSH: Duration = engine::SHUTDOWN_FLUSH.saturating_add(Duration::from_secs(30));
 
 /// The request id assigned by the middleware (response header `x-request-id`).
 #[derive(Debug, Clone)]

@@ -10,7 +10,7 @@
 //! 16      16    XXH3-128 of the header bytes, little-endian
 //! 32      H     header: UTF-8 JSON (see [`Header`])
 //! ...           zero padding to the first tensor
-//! t.offset      tensor bytes, row-major, each tensor starting on a 4096-byte boundary
+//! t.offset      tensor bytes, row-major, each tensor starting on a 16384-byte boundary
 //! ```
 //!
 //! The header names the cache key (model fingerprint, KV scheme, tokenizer
@@ -32,9 +32,10 @@ use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 pub const MAGIC: [u8; 8] = *b"MLXHKV\r\n";
 /// The format version this build writes and reads.
 pub const VERSION: u32 = 1;
-/// Every tensor starts on a multiple of this (a page: MLX's Metal backend
-/// can wrap page-aligned memory without a copy).
-pub const ALIGN: u64 = 4096;
+/// Every tensor starts on a multiple of this: 16 KiB, a page on Apple
+/// Silicon as well as on x86 (4 KiB pages), so a backend that can adopt
+/// page-aligned host memory may use the mapping in place.
+pub const ALIGN: u64 = 16384;
 /// Bytes before the header: magic, version, header length, header hash.
 const PREFIX_LEN: u64 = 32;
 /// A header longer than this is corrupt (a 128k-token entry needs < 1 MiB).
@@ -201,6 +202,12 @@ pub fn write_entry(
             tensors: records,
         };
         let bytes = serde_json::to_vec(&header).map_err(std::io::Error::other)?;
+        if bytes.len() > MAX_HEADER_LEN as usize {
+            return Err(std::io::Error::other(format!(
+                "the header would be {} bytes, over the format's {MAX_HEADER_LEN}",
+                bytes.len()
+            )));
+        }
         let needed = align_up(PREFIX_LEN + bytes.len() as u64);
         if needed <= data_start {
             break (header, bytes);

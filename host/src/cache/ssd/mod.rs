@@ -60,13 +60,14 @@ pub struct ModelIdentity {
 /// Errors opening or feeding the SSD tier.
 #[derive(Debug, thiserror::Error)]
 pub enum SsdError {
-    /// The directory cannot be created or read.
+    /// The directory cannot be used (I/O, another server holds it, not
+    /// private).
     #[error("--ssd-cache {dir}: {source}")]
     Dir {
         /// The directory.
         dir: PathBuf,
         /// Why.
-        source: std::io::Error,
+        source: store::OpenError,
     },
     /// The KV uses a dtype the format does not store.
     #[error("the KV dtype {0:?} cannot be stored in the SSD cache")]
@@ -105,6 +106,9 @@ pub struct SsdCacheStats {
     pub write_failures: u64,
     /// Writes queued or running.
     pub pending_writes: usize,
+    /// Entries not written because the write queue was over its budget
+    /// (2 GiB of KV waiting).
+    pub dropped_writes: usize,
     /// Entries deleted to stay under the byte cap.
     pub evictions: u64,
     /// Files moved to `quarantine/` (corrupt, foreign, other version).
@@ -123,7 +127,7 @@ struct RestoreCounters {
 pub struct SsdStatsHandle {
     store: Arc<Mutex<Store>>,
     restores: Arc<Mutex<RestoreCounters>>,
-    pending: Arc<dyn Fn() -> usize + Send + Sync>,
+    queue: Arc<writer::QueueCounters>,
     digest: String,
     verify: bool,
 }
@@ -133,7 +137,14 @@ impl SsdStatsHandle {
     pub fn stats(&self) -> SsdCacheStats {
         let mut out = SsdCacheStats {
             verify: self.verify,
-            pending_writes: (self.pending)(),
+            pending_writes: self
+                .queue
+                .pending
+                .load(std::sync::atomic::Ordering::Relaxed),
+            dropped_writes: self
+                .queue
+                .dropped
+                .load(std::sync::atomic::Ordering::Relaxed),
             ..Default::default()
         };
         if let Ok(s) = self.store.lock() {
@@ -168,7 +179,7 @@ pub fn key_digest(key: &EntryKey) -> String {
 /// there); writes run on its own writer thread.
 pub struct SsdCache {
     store: Arc<Mutex<Store>>,
-    writer: Arc<Writer>,
+    writer: Writer,
     restores: Arc<Mutex<RestoreCounters>>,
     identity: ModelIdentity,
     verify: bool,
@@ -191,7 +202,7 @@ impl SsdCache {
         let store = Arc::new(Mutex::new(
             Store::open(&config.dir, config.max_bytes).map_err(dir_err)?,
         ));
-        let writer = Arc::new(Writer::spawn(store.clone()).map_err(dir_err)?);
+        let writer = Writer::spawn(store.clone()).map_err(|e| dir_err(store::OpenError::Io(e)))?;
         Ok(SsdCache {
             store,
             writer,
@@ -202,12 +213,18 @@ impl SsdCache {
         })
     }
 
-    /// The full key of entries in `namespace`.
+    /// The full key of entries in `namespace`. The KV scheme names the
+    /// cache kind, dtype, MLX backend and this build, since a new build or
+    /// another backend may compute slightly different KV.
     pub fn key(&self, namespace: &str) -> EntryKey {
         let dtype = restore::dtype_name(self.identity.geometry.dtype).unwrap_or("?");
         EntryKey {
             model: self.identity.model.clone(),
-            kv_scheme: format!("full/{dtype}"),
+            kv_scheme: format!(
+                "full/{dtype}/{}/mlxhost-{}",
+                crate::runtime::backend_name(),
+                env!("CARGO_PKG_VERSION")
+            ),
             tokenizer: self.identity.tokenizer.clone(),
             namespace: namespace.to_string(),
         }
@@ -215,11 +232,10 @@ impl SsdCache {
 
     /// A handle for `/stats` (counters of `namespace`'s key).
     pub fn stats_handle(&self, namespace: &str) -> SsdStatsHandle {
-        let writer = self.writer.clone();
         SsdStatsHandle {
             store: self.store.clone(),
             restores: self.restores.clone(),
-            pending: Arc::new(move || writer.pending()),
+            queue: self.writer.counters(),
             digest: key_digest(&self.key(namespace)),
             verify: self.verify,
         }
@@ -266,11 +282,17 @@ impl SsdCache {
                     return Some(Reuse { kv, reused });
                 }
                 Ok(_) => self.quarantine(&entry.path, "its tokens changed since it was indexed"),
-                // Another server sharing the directory evicted it: not damage.
+                // Evicted while we read it: not damage.
                 Err(format::FormatError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
                     if let Ok(mut s) = self.store.lock() {
                         s.forget(&entry.path);
                     }
+                }
+                // Out of memory, file descriptors, a transient read error:
+                // the file may be fine; prefill this request instead.
+                Err(format::FormatError::Io(e)) => {
+                    tracing::warn!(file = %entry.path.display(), error = %e, "SSD cache restore failed; prefilling instead");
+                    return None;
                 }
                 Err(e) => self.quarantine(&entry.path, &e.to_string()),
             }
@@ -317,12 +339,14 @@ impl SsdCache {
         if tensors.iter().any(|t| t.dtype != dtype) {
             return Err(SsdError::Dtype(self.identity.geometry.dtype));
         }
-        // An entry larger than the whole cap would only evict everything.
+        // An entry larger than the whole cap would only evict everything
+        // (a file adds up to one alignment page per tensor and the header).
         let bytes: usize = tensors
             .iter()
             .flat_map(|t| t.runs.iter().map(|r| r.len()))
             .sum();
-        if bytes as u64 > self.max_bytes {
+        let overhead = (tensors.len() as u64 + 1) * format::ALIGN + 32 * tokens.len() as u64;
+        if bytes as u64 + overhead > self.max_bytes {
             tracing::debug!(bytes, "entry larger than --ssd-cache-max; not written");
             return Ok(());
         }

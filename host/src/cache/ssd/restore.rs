@@ -127,6 +127,15 @@ pub fn load(
     // files over them; eviction unlinks), so the mapping's contents are
     // stable while it lives.
     let mut map = unsafe { MmapOptions::new().map_copy(&file)? };
+    // The header's bounds were checked against the length when it was
+    // read; the mapping must still have it.
+    if map.len() as u64 != header.file_len {
+        return Err(FormatError::Corrupt(format!(
+            "changed while being read: {} bytes mapped, the header says {}",
+            map.len(),
+            header.file_len
+        )));
+    }
     let base = map.as_mut_ptr();
     #[cfg(unix)]
     let _ = map.advise(memmap2::Advice::WillNeed);

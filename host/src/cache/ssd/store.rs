@@ -2,14 +2,17 @@
 //!
 //! ```text
 //! DIR/                          created 0700 (cached prompts are user data)
+//! DIR/lock                      held (exclusive `flock`) by the one server using DIR
 //! DIR/v1/<key digest>/<tokens hash>-<len>.kv   entries (format v1), 0600
-//! DIR/tmp/<pid>-<n>.partial     files being written (locked by their writer)
+//! DIR/tmp/<n>.partial           files being written
 //! DIR/quarantine/               files that failed verification, newest 32 kept
 //! ```
 //!
+//! One server uses a directory at a time (a second one is refused at
+//! start), so the index is the truth and the cap holds for the directory.
 //! A file gets its final name only by `rename` after `fsync`, so a writer
 //! killed at any point leaves at most an orphaned `.partial`, which the next
-//! start removes (its lock died with the writer). Every entry's header is
+//! start removes. Every entry's header is
 //! read and verified when the store opens; a file that fails is moved to
 //! `quarantine/` and never read again. The byte cap covers every entry under
 //! `v1/` (all models); the least recently used go first, judged by the
@@ -65,8 +68,24 @@ pub struct Store {
     max_bytes: u64,
     entries: Vec<StoredEntry>,
     seq: u64,
+    /// Held for the store's life: the directory's exclusive lock.
+    _lock: File,
     /// Counters.
     pub counters: StoreCounters,
+}
+
+/// Why a store cannot be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Another process holds the directory.
+    #[error("another mlxhost server is using this directory (one server per SSD cache directory)")]
+    Busy,
+    /// The directory belongs to someone else or is writable by others.
+    #[error("{0}")]
+    Unsafe(String),
+    /// I/O.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
 }
 
 /// A file being written: commit it with [`Store::commit`] or drop it (the
@@ -76,6 +95,81 @@ pub struct PendingFile {
     pub file: File,
     path: PathBuf,
     committed: bool,
+}
+
+impl PendingFile {
+    /// Makes the fully written file an entry at `path` (from
+    /// [`Store::entry_path`]): `fsync`, `rename` into place, `fsync` of the
+    /// directory. Runs without the store's lock (the disk can be slow);
+    /// index it with [`Store::commit`] afterwards.
+    ///
+    /// Errors: I/O errors (the temporary file is removed).
+    pub fn publish(mut self, path: &Path) -> std::io::Result<()> {
+        self.file.sync_all()?;
+        let dir = path
+            .parent()
+            .ok_or_else(|| std::io::Error::other("an entry path has a directory"))?;
+        let created = !dir.exists();
+        create_private_dir(dir)?;
+        std::fs::rename(&self.path, path)?;
+        self.committed = true;
+        // The rename (and a new key directory) are durable once the
+        // directories are synced.
+        for d in [Some(dir), created.then(|| dir.parent()).flatten()]
+            .into_iter()
+            .flatten()
+        {
+            if let Ok(d) = File::open(d) {
+                let _ = d.sync_all();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Deletes files (eviction victims, covered entries); missing ones are fine.
+pub fn remove_files(paths: &[PathBuf]) {
+    for p in paths {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+/// A directory, not a symlink to one.
+fn is_real_dir(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir())
+}
+
+/// Cached prompts are user data: a directory of the store must be ours and
+/// not writable by others (else another user could plant entries). Our own
+/// subdirectories are made 0700; the root only gets a warning when others
+/// can read it (the entries live in the private subdirectories).
+fn check_private(dir: &Path, ours: &File, tighten: bool) -> Result<(), OpenError> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let meta = std::fs::symlink_metadata(dir)?;
+        let uid = ours.metadata()?.uid();
+        if !meta.is_dir() || meta.uid() != uid {
+            return Err(OpenError::Unsafe(format!(
+                "{} is not a directory owned by this user",
+                dir.display()
+            )));
+        }
+        let mode = meta.permissions().mode() & 0o777;
+        if tighten && mode != 0o700 {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        } else if !tighten && mode & 0o022 != 0 {
+            return Err(OpenError::Unsafe(format!(
+                "{} is writable by other users (mode {mode:o}); use a private directory",
+                dir.display()
+            )));
+        } else if !tighten && mode & 0o044 != 0 {
+            tracing::warn!(dir = %dir.display(), mode = format!("{mode:o}"), "the SSD cache directory is readable by others; its entries are kept in private subdirectories");
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (dir, ours, tighten);
+    Ok(())
 }
 
 impl Drop for PendingFile {
@@ -119,48 +213,52 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 impl Store {
-    /// Opens (creating) the store at `root`: removes orphaned temporary
-    /// files, indexes every entry (quarantining files that fail the header
-    /// check) and evicts down to `max_bytes`.
+    /// Opens (creating) the store at `root`: takes the directory's lock,
+    /// removes orphaned temporary files, indexes every entry (quarantining
+    /// files that fail the header check) and evicts down to `max_bytes`.
     ///
-    /// Errors: the directories cannot be created or listed.
-    pub fn open(root: &Path, max_bytes: u64) -> std::io::Result<Store> {
+    /// Errors: [`OpenError::Busy`] when another server holds the directory;
+    /// [`OpenError::Unsafe`] when it (or a subdirectory) is not ours or is
+    /// writable by others; I/O errors creating or listing it.
+    pub fn open(root: &Path, max_bytes: u64) -> Result<Store, OpenError> {
         create_private_dir(root)?;
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(root.join("lock"))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Err(OpenError::Busy),
+            Err(std::fs::TryLockError::Error(e)) => return Err(e.into()),
+        }
+        check_private(root, &lock, false)?;
         for sub in [ENTRIES_DIR, TMP_DIR, QUARANTINE_DIR] {
             create_private_dir(&root.join(sub))?;
-        }
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(root)?.permissions().mode();
-            if mode & 0o077 != 0 {
-                tracing::warn!(dir = %root.display(), mode = format!("{:o}", mode & 0o777), "the SSD cache directory is readable by others; its entries are kept in private subdirectories");
-            }
+            check_private(&root.join(sub), &lock, true)?;
         }
         let mut store = Store {
             root: root.to_path_buf(),
             max_bytes,
             entries: Vec::new(),
             seq: 0,
+            _lock: lock,
             counters: StoreCounters::default(),
         };
         store.remove_orphans()?;
         store.scan()?;
-        store.evict_to_cap();
+        let victims = store.pick_victims();
+        remove_files(&victims);
         Ok(store)
     }
 
-    /// Temporary files whose writer is gone (its lock is free).
+    /// Temporary files: every one is an orphan, since we hold the lock.
     fn remove_orphans(&self) -> std::io::Result<()> {
         for e in std::fs::read_dir(self.root.join(TMP_DIR))? {
             let path = e?.path();
-            let Ok(f) = OpenOptions::new().write(true).open(&path) else {
-                continue;
-            };
-            if f.try_lock().is_ok() {
-                tracing::debug!(file = %path.display(), "removing an orphaned partial write");
-                let _ = std::fs::remove_file(&path);
-            }
+            tracing::debug!(file = %path.display(), "removing an orphaned partial write");
+            let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir_all(&path));
         }
         Ok(())
     }
@@ -169,7 +267,7 @@ impl Store {
         let entries_dir = self.root.join(ENTRIES_DIR);
         for key_dir in std::fs::read_dir(&entries_dir)? {
             let key_dir = key_dir?.path();
-            if !key_dir.is_dir() {
+            if !is_real_dir(&key_dir) {
                 self.quarantine(&key_dir, "not an entry directory");
                 continue;
             }
@@ -180,10 +278,20 @@ impl Store {
             else {
                 continue;
             };
-            for f in std::fs::read_dir(&key_dir)? {
-                let path = f?.path();
+            let listing = match std::fs::read_dir(&key_dir) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(dir = %key_dir.display(), error = %e, "SSD cache directory unreadable; skipped");
+                    continue;
+                }
+            };
+            for f in listing.flatten() {
+                let path = f.path();
                 match read_entry(&path, &digest) {
                     Ok(entry) => self.entries.push(entry),
+                    Err(FormatError::Io(e)) => {
+                        tracing::warn!(file = %path.display(), error = %e, "SSD cache file unreadable; skipped");
+                    }
                     Err(e) => self.quarantine(&path, &e.to_string()),
                 }
             }
@@ -224,60 +332,52 @@ impl Store {
         }
     }
 
-    /// A new temporary file, locked so a concurrent start does not take
-    /// it for an orphan.
+    /// A new temporary file.
     ///
-    /// Errors: the file cannot be created or locked.
+    /// Errors: the file cannot be created.
     pub fn begin_write(&mut self) -> std::io::Result<PendingFile> {
         self.seq += 1;
-        let path =
-            self.root
-                .join(TMP_DIR)
-                .join(format!("{}-{}.partial", std::process::id(), self.seq));
+        let path = self
+            .root
+            .join(TMP_DIR)
+            .join(format!("{}.partial", self.seq));
+        let _ = std::fs::remove_file(&path);
         let file = create_private_file(&path)?;
-        let pending = PendingFile {
+        Ok(PendingFile {
             file,
             path,
             committed: false,
-        };
-        pending.file.lock()?;
-        Ok(pending)
+        })
     }
 
-    /// Makes a fully written file an entry: `fsync`, `rename` into place,
-    /// `fsync` of the directory; then drops entries it covers (same key,
-    /// tokens a prefix of these) and evicts down to the cap.
-    ///
-    /// Errors: I/O errors (the temporary file is removed).
+    /// Where an entry of `digest` holding `tokens` lives.
+    pub fn entry_path(&self, digest: &str, tokens: &[u32]) -> PathBuf {
+        self.root
+            .join(ENTRIES_DIR)
+            .join(digest)
+            .join(entry_file_name(tokens))
+    }
+
+    /// Indexes a file already in place (see [`PendingFile::publish`]) and
+    /// returns the files to delete outside the lock: entries it covers
+    /// (same key, tokens a prefix of these) and the least recently used
+    /// beyond the cap.
     pub fn commit(
         &mut self,
-        mut pending: PendingFile,
+        path: PathBuf,
         digest: &str,
         tokens: Vec<u32>,
         bytes: u64,
-    ) -> std::io::Result<()> {
-        pending.file.sync_all()?;
-        let dir = self.root.join(ENTRIES_DIR).join(digest);
-        create_private_dir(&dir)?;
-        let path = dir.join(entry_file_name(&tokens));
-        std::fs::rename(&pending.path, &path)?;
-        pending.committed = true;
-        // The rename is durable once the directory is synced.
-        if let Ok(d) = File::open(&dir) {
-            let _ = d.sync_all();
-        }
+    ) -> Vec<PathBuf> {
         let tokens: Arc<[u32]> = tokens.into();
-        let covered: Vec<PathBuf> = self
+        let mut victims: Vec<PathBuf> = self
             .entries
             .iter()
             .filter(|e| e.digest == digest && tokens.starts_with(&e.tokens) && e.path != path)
             .map(|e| e.path.clone())
             .collect();
-        for p in covered {
-            let _ = std::fs::remove_file(&p);
-            self.entries.retain(|e| e.path != p);
-        }
-        self.entries.retain(|e| e.path != path);
+        self.entries
+            .retain(|e| e.path != path && !victims.contains(&e.path));
         self.entries.push(StoredEntry {
             path,
             digest: digest.to_string(),
@@ -287,11 +387,14 @@ impl Store {
         });
         self.counters.writes += 1;
         self.counters.bytes_written += bytes;
-        self.evict_to_cap();
-        Ok(())
+        victims.extend(self.pick_victims());
+        victims
     }
 
-    fn evict_to_cap(&mut self) {
+    /// Drops the least recently used entries from the index until the cap
+    /// holds; returns their files (delete them outside the lock).
+    fn pick_victims(&mut self) -> Vec<PathBuf> {
+        let mut victims = Vec::new();
         while self.bytes() > self.max_bytes {
             let Some((oldest, _)) = self
                 .entries
@@ -301,10 +404,10 @@ impl Store {
             else {
                 break;
             };
-            let e = self.entries.remove(oldest);
-            let _ = std::fs::remove_file(&e.path);
+            victims.push(self.entries.remove(oldest).path);
             self.counters.evictions += 1;
         }
+        victims
     }
 
     /// Drops `path` from the index (the file is already gone).
@@ -331,11 +434,14 @@ impl Store {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let target = qdir.join(format!("{stamp}-{parent}-{name}"));
-        if std::fs::rename(path, &target).is_err() {
+        let moved = std::fs::rename(path, &target).is_ok()
             // Never leave it where it would be read again.
-            let _ = std::fs::remove_file(path).or_else(|_| std::fs::remove_dir_all(path));
+            || std::fs::remove_file(path)
+                .or_else(|_| std::fs::remove_dir_all(path))
+                .is_ok();
+        if moved {
+            self.counters.quarantined += 1;
         }
-        self.counters.quarantined += 1;
         self.trim_quarantine();
     }
 
@@ -343,9 +449,20 @@ impl Store {
         let Ok(rd) = std::fs::read_dir(self.root.join(QUARANTINE_DIR)) else {
             return;
         };
-        let mut files: Vec<(SystemTime, PathBuf)> = rd
+        // Names start with the quarantine time in ms (mtime survives the
+        // rename, so it would be the file's age, not its quarantine's).
+        let mut files: Vec<(u128, PathBuf)> = rd
             .filter_map(|e| e.ok())
-            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+            .map(|e| {
+                let stamp = e
+                    .file_name()
+                    .to_string_lossy()
+                    .split('-')
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0);
+                (stamp, e.path())
+            })
             .collect();
         if files.len() <= QUARANTINE_KEEP {
             return;
@@ -395,11 +512,12 @@ impl Store {
 /// Indexes one file: its header must verify and its key must hash to the
 /// directory it is in.
 fn read_entry(path: &Path, digest: &str) -> Result<StoredEntry, FormatError> {
-    let file = File::open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
+    // Checked before opening: opening a FIFO would block.
+    if !std::fs::symlink_metadata(path)?.is_file() {
         return Err(FormatError::Corrupt("not a regular file".into()));
     }
+    let file = File::open(path)?;
+    let meta = file.metadata()?;
     let header = format::read_header(&file)?;
     if super::key_digest(&header.key) != digest {
         return Err(FormatError::Corrupt(

@@ -41,7 +41,7 @@ fn open(dir: &Path, id: ModelIdentity, max_bytes: u64, verify: bool) -> SsdCache
 /// a function of the token at that position, so a restore that mixes up
 /// files, positions or tensors is caught.
 fn value(token: u32, layer: usize, kind: usize, head: usize, d: usize) -> f32 {
-    (token % 4096) as f32 + layer as f32 * 0.25 + kind as f32 * 0.5 + head as f32 * 0.125
+    (token % 32768) as f32 + layer as f32 * 0.25 + kind as f32 * 0.5 + head as f32 * 0.125
         - d as f32 / 1024.0
 }
 
@@ -136,11 +136,15 @@ fn another_model_tokenizer_or_namespace_never_reuses() {
         &open(dir.path(), identity("m", "t", D), BIG, false),
         &tokens,
     );
-    let fine_tune = open(dir.path(), identity("m2", "t", D), BIG, false);
-    assert_eq!(fine_tune.peek("ns", &tokens), 0);
-    assert!(fine_tune.restore("ns", &tokens).is_none());
-    let new_tokenizer = open(dir.path(), identity("m", "t2", D), BIG, false);
-    assert!(new_tokenizer.restore("ns", &tokens).is_none());
+    {
+        let fine_tune = open(dir.path(), identity("m2", "t", D), BIG, false);
+        assert_eq!(fine_tune.peek("ns", &tokens), 0);
+        assert!(fine_tune.restore("ns", &tokens).is_none());
+    }
+    {
+        let new_tokenizer = open(dir.path(), identity("m", "t2", D), BIG, false);
+        assert!(new_tokenizer.restore("ns", &tokens).is_none());
+    }
     let same = open(dir.path(), identity("m", "t", D), BIG, false);
     assert!(same.restore("other-kv-scheme", &tokens).is_none());
     assert!(same.restore("ns", &tokens).is_some());
@@ -355,10 +359,17 @@ fn sigkill_writer_child() {
         CHILD_CAP,
         false,
     );
-    // One KV built once (so the child spends its time writing, where the
-    // kills should land); each conversation's tokens are offset by its id.
+    // The KV of eight conversation families built once (so the child
+    // spends its time writing, where the kills should land); a
+    // conversation's tokens are offset by its id, and its KV values depend
+    // on its family, so a mix-up between files of different families shows.
     let base: Vec<u32> = (0..CHILD_MAX_LEN as u32).collect();
-    let kv_base = kv_for(&base, CHILD_D);
+    let families: Vec<KvCache> = (0..8u32)
+        .map(|f| {
+            let tokens: Vec<u32> = base.iter().map(|p| f * 4096 + p).collect();
+            kv_for(&tokens, CHILD_D)
+        })
+        .collect();
     // Tell the parent the writes begin now.
     println!("{CHILD_READY}");
     for i in 0u32.. {
@@ -367,7 +378,7 @@ fn sigkill_writer_child() {
         let conv = seed * 1000 + i / 3;
         let len = 64 + (i % 3) as usize * 300 + (seed as usize * 37 + i as usize) % 64;
         let tokens: Vec<u32> = base[..len].iter().map(|p| conv * 4096 + p).collect();
-        let mut kv = kv_base.clone();
+        let mut kv = families[(conv % 8) as usize].clone();
         kv.truncate(len);
         ssd.submit("ns", &tokens, &kv).unwrap();
         ssd.flush(Duration::from_secs(30));
@@ -499,4 +510,78 @@ fn a_restore_releases_the_mapping() {
         !mapped(),
         "the entry file is still mapped after its KV was dropped"
     );
+}
+
+#[test]
+fn one_server_per_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = open(dir.path(), identity("m", "t", D), BIG, false);
+    let config = SsdConfig {
+        dir: dir.path().to_path_buf(),
+        max_bytes: BIG,
+        verify: false,
+    };
+    let second = SsdCache::open(&config, identity("m", "t", D));
+    assert!(matches!(
+        second,
+        Err(SsdError::Dir {
+            source: store::OpenError::Busy,
+            ..
+        })
+    ));
+    drop(first);
+    assert!(SsdCache::open(&config, identity("m", "t", D)).is_ok());
+}
+
+#[cfg(unix)]
+#[test]
+fn a_directory_others_can_write_is_refused_and_special_files_are_skipped() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cache");
+    drop(open(&root, identity("m", "t", D), BIG, false));
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let config = SsdConfig {
+        dir: root.clone(),
+        max_bytes: BIG,
+        verify: false,
+    };
+    assert!(matches!(
+        SsdCache::open(&config, identity("m", "t", D)),
+        Err(SsdError::Dir {
+            source: store::OpenError::Unsafe(_),
+            ..
+        })
+    ));
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700)).unwrap();
+    // Our subdirectories are made private again.
+    std::fs::set_permissions(root.join("v1"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // A FIFO where an entry would be must not block the start.
+    let key_dir = root.join("v1").join("0123456789abcdef0123456789abcdef");
+    std::fs::create_dir(&key_dir).unwrap();
+    let status = std::process::Command::new("mkfifo")
+        .arg(key_dir.join("pipe.kv"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let ssd = open(&root, identity("m", "t", D), BIG, false);
+    assert_eq!(ssd.stats_handle("ns").stats().quarantined, 1);
+    let mode = std::fs::metadata(root.join("v1"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+}
+
+#[test]
+fn an_entry_larger_than_the_cap_is_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = seq(1, 10);
+    let ssd = open(dir.path(), identity("m", "t", D), 2 << 20, false);
+    write(&ssd, &small);
+    // 2,000 positions of 2 layers x 2 heads x 64 x f32 x (K, V): 4 MiB.
+    write(&ssd, &seq(100, 2000));
+    let s = ssd.stats_handle("ns").stats();
+    assert_eq!((s.writes, s.entries, s.evictions), (1, 1, 0));
+    assert!(ssd.restore("ns", &small).is_some());
 }

@@ -12,7 +12,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use mlx_rs::Array;
 
 use super::format::{self, EntryKey, TensorSource};
-use super::store::Store;
+use super::store::{self, Store};
 
 /// One tensor handed to the writer: an evaluated MLX array and the byte
 /// ranges of its buffer that make up the stored tensor.
@@ -49,11 +49,44 @@ enum Msg {
     Flush(mpsc::Sender<()>),
 }
 
-/// Handle on the writer thread (dropping it lets the thread finish what is
-/// queued and exit).
+/// Most bytes of KV waiting for the writer; more submissions are dropped
+/// (each pins its MLX buffers until written).
+pub const QUEUE_BUDGET_BYTES: usize = 2 << 30;
+
+/// Counters shared between the handle and the thread.
+#[derive(Debug, Default)]
+pub struct QueueCounters {
+    /// Writes queued or running.
+    pub pending: AtomicUsize,
+    /// Bytes of those.
+    pub pending_bytes: AtomicUsize,
+    /// Submissions dropped because the queue was over its budget.
+    pub dropped: AtomicUsize,
+}
+
+/// Handle on the writer thread. Dropping it lets the thread finish what is
+/// queued and waits for it (so the store, and its directory lock, are
+/// released when the cache is).
 pub struct Writer {
-    tx: mpsc::Sender<Msg>,
-    pending: Arc<AtomicUsize>,
+    tx: Option<mpsc::Sender<Msg>>,
+    counters: Arc<QueueCounters>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn job_bytes(job: &WriteJob) -> usize {
+    job.tensors
+        .iter()
+        .flat_map(|t| t.runs.iter().map(|r| r.len()))
+        .sum()
 }
 
 impl Writer {
@@ -62,19 +95,45 @@ impl Writer {
     /// Errors: the thread cannot be spawned.
     pub fn spawn(store: Arc<Mutex<Store>>) -> std::io::Result<Writer> {
         let (tx, rx) = mpsc::channel::<Msg>();
-        let pending = Arc::new(AtomicUsize::new(0));
-        let p = pending.clone();
-        std::thread::Builder::new()
+        let counters = Arc::new(QueueCounters::default());
+        let c = counters.clone();
+        let thread = std::thread::Builder::new()
             .name("ssd-cache-writer".into())
-            .spawn(move || run(rx, store, p))?;
-        Ok(Writer { tx, pending })
+            .spawn(move || run(rx, store, c))?;
+        Ok(Writer {
+            tx: Some(tx),
+            counters,
+            thread: Some(thread),
+        })
     }
 
-    /// Queues a write.
+    /// Queues a write, unless the queue is over [`QUEUE_BUDGET_BYTES`]
+    /// (then the entry is dropped and counted).
     pub fn submit(&self, job: WriteJob) {
-        self.pending.fetch_add(1, Ordering::Relaxed);
-        if self.tx.send(Msg::Write(Box::new(job))).is_err() {
-            self.pending.fetch_sub(1, Ordering::Relaxed);
+        let bytes = job_bytes(&job);
+        let queued = self.counters.pending_bytes.load(Ordering::Relaxed);
+        if queued > 0 && queued + bytes > QUEUE_BUDGET_BYTES {
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                queued,
+                bytes,
+                "SSD cache write queue full; entry not written"
+            );
+            return;
+        }
+        self.counters.pending.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .pending_bytes
+            .fetch_add(bytes, Ordering::Relaxed);
+        let sent = self
+            .tx
+            .as_ref()
+            .is_some_and(|tx| tx.send(Msg::Write(Box::new(job))).is_ok());
+        if !sent {
+            self.counters.pending.fetch_sub(1, Ordering::Relaxed);
+            self.counters
+                .pending_bytes
+                .fetch_sub(bytes, Ordering::Relaxed);
             tracing::warn!("the SSD cache writer has stopped; entry not written");
         }
     }
@@ -83,19 +142,20 @@ impl Writer {
     /// passes). Returns whether it finished.
     pub fn flush(&self, timeout: std::time::Duration) -> bool {
         let (ack_tx, ack_rx) = mpsc::channel();
-        if self.tx.send(Msg::Flush(ack_tx)).is_err() {
+        let Some(tx) = &self.tx else { return false };
+        if tx.send(Msg::Flush(ack_tx)).is_err() {
             return false;
         }
         ack_rx.recv_timeout(timeout).is_ok()
     }
 
-    /// Writes queued or running.
-    pub fn pending(&self) -> usize {
-        self.pending.load(Ordering::Relaxed)
+    /// The queue's counters.
+    pub fn counters(&self) -> Arc<QueueCounters> {
+        self.counters.clone()
     }
 }
 
-fn run(rx: mpsc::Receiver<Msg>, store: Arc<Mutex<Store>>, pending: Arc<AtomicUsize>) {
+fn run(rx: mpsc::Receiver<Msg>, store: Arc<Mutex<Store>>, counters: Arc<QueueCounters>) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         batch.extend(rx.try_iter());
@@ -107,13 +167,20 @@ fn run(rx: mpsc::Receiver<Msg>, store: Arc<Mutex<Store>>, pending: Arc<AtomicUsi
                 Msg::Flush(ack) => acks.push(ack),
             }
         }
-        let queued = jobs.len();
-        let kept = coalesce(jobs);
+        let done = |job: &WriteJob| {
+            counters.pending.fetch_sub(1, Ordering::Relaxed);
+            counters
+                .pending_bytes
+                .fetch_sub(job_bytes(job), Ordering::Relaxed);
+        };
+        let (kept, dropped) = coalesce(jobs);
         // Jobs coalesced away are done too.
-        pending.fetch_sub(queued - kept.len(), Ordering::Relaxed);
+        dropped.iter().for_each(done);
         for job in kept {
+            let bytes = job_bytes(&job);
             write_one(&store, job);
-            pending.fetch_sub(1, Ordering::Relaxed);
+            counters.pending.fetch_sub(1, Ordering::Relaxed);
+            counters.pending_bytes.fetch_sub(bytes, Ordering::Relaxed);
         }
         for ack in acks {
             let _ = ack.send(());
@@ -123,19 +190,23 @@ fn run(rx: mpsc::Receiver<Msg>, store: Arc<Mutex<Store>>, pending: Arc<AtomicUsi
 
 /// Drops jobs whose tokens are a prefix of another queued job's (same key):
 /// the longer entry covers them.
-fn coalesce(mut jobs: Vec<WriteJob>) -> Vec<WriteJob> {
+/// Returns (jobs to write, jobs dropped).
+fn coalesce(mut jobs: Vec<WriteJob>) -> (Vec<WriteJob>, Vec<WriteJob>) {
     let mut keep: Vec<WriteJob> = Vec::with_capacity(jobs.len());
+    let mut dropped = Vec::new();
     // Longest first, so each job only checks against kept ones.
     jobs.sort_by_key(|j| std::cmp::Reverse(j.tokens.len()));
     for j in jobs {
         let covered = keep
             .iter()
             .any(|k| k.digest == j.digest && k.tokens.starts_with(&j.tokens));
-        if !covered {
+        if covered {
+            dropped.push(j);
+        } else {
             keep.push(j);
         }
     }
-    keep
+    (keep, dropped)
 }
 
 /// The buffer of an evaluated array as bytes.
@@ -207,11 +278,20 @@ fn write_one(store: &Mutex<Store>, job: WriteJob) {
         &sources,
     );
     drop(sources);
+    // The disk work (fsync, rename, unlinks) runs without the index lock,
+    // which the engine thread takes on every lookup.
     let result = written.and_then(|bytes| {
-        let Ok(mut s) = store.lock() else {
-            return Err(std::io::Error::other("the SSD cache index is poisoned"));
-        };
-        s.commit(pending, &job.digest, job.tokens.clone(), bytes)
+        let path = store
+            .lock()
+            .map_err(|_| std::io::Error::other("the SSD cache index is poisoned"))?
+            .entry_path(&job.digest, &job.tokens);
+        pending.publish(&path)?;
+        let victims = store
+            .lock()
+            .map_err(|_| std::io::Error::other("the SSD cache index is poisoned"))?
+            .commit(path, &job.digest, job.tokens.clone(), bytes);
+        store::remove_files(&victims);
+        Ok(())
     });
     match result {
         Ok(()) => tracing::debug!(tokens = job.tokens.len(), "SSD cache entry written"),
