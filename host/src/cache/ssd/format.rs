@@ -15,8 +15,9 @@
 //!
 //! The header names the cache key (model fingerprint, KV scheme, tokenizer
 //! hash, namespace), the cache kind (`"full"` today; sliding-window, SSM
-//! state and quantized kinds are new `kind` values with their own tensor
-//! names, same container), the token ids the KV holds, the file's total
+//! state and quantized kinds reuse this container with their own `kind`
+//! and tensor names under a new format version, so older builds never
+//! quarantine what they cannot read), the token ids the KV holds, the file's total
 //! length (a truncated file never passes), and per tensor its dtype, shape,
 //! offset, length and XXH3-128 hash. The header is always verified; tensor
 //! hashes only when asked (`--ssd-cache-verify`), since that reads every
