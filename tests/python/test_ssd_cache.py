@@ -36,16 +36,22 @@ def same_output(a, b):
         assert t1 == t2 and abs(l1 - l2) < 0.1
 
 
-def test_a_restart_restores_from_ssd_with_the_same_output(tmp_path):
-    ssd = tmp_path / "ssd"
-    s = Server("--ssd-cache", str(ssd))
+def serve_and_write(ssd, *args):
+    """Serves FIRST once with the SSD tier at `ssd`, waits for its entry to be written, stops;
+    returns the response and the SSD stats."""
+    s = Server("--ssd-cache", str(ssd), *args)
     try:
         with s.http() as c:
-            cold = run(c, FIRST)
-            written = wait_written(c)
-            assert written["entries"] == 1 and written["bytes"] > 0
+            body = run(c, FIRST)
+            return body, wait_written(c)
     finally:
         s.stop()
+
+
+def test_a_restart_restores_from_ssd_with_the_same_output(tmp_path):
+    ssd = tmp_path / "ssd"
+    cold, written = serve_and_write(ssd)
+    assert written["entries"] == 1 and written["bytes"] > 0
     assert stat.S_IMODE(ssd.stat().st_mode) == 0o700, "cached prompts are private"
     s = Server("--ssd-cache", str(ssd))
     try:
@@ -114,14 +120,8 @@ def test_a_changed_model_config_or_tokenizer_never_reuses(tmp_path):
     ssd = tmp_path / "ssd"
 
     def serve_once(model):
-        s = Server("--model", str(model), "--ssd-cache", str(ssd))
-        try:
-            with s.http() as c:
-                body = run(c, FIRST)
-                wait_written(c)
-                return body["usage"]["prompt_tokens_details"]["cached_tokens"], ssd_stats(c)
-        finally:
-            s.stop()
+        body, stats = serve_and_write(ssd, "--model", str(model))
+        return body["usage"]["prompt_tokens_details"]["cached_tokens"], stats
 
     cached, st = serve_once(base)
     assert cached == 0 and st["entries"] == 1
@@ -154,13 +154,7 @@ def test_a_changed_model_config_or_tokenizer_never_reuses(tmp_path):
 
 def test_damaged_files_are_quarantined_and_the_server_keeps_answering(tmp_path):
     ssd = tmp_path / "ssd"
-    s = Server("--ssd-cache", str(ssd))
-    try:
-        with s.http() as c:
-            cold = run(c, FIRST)
-            wait_written(c)
-    finally:
-        s.stop()
+    cold, _ = serve_and_write(ssd)
     (entry,) = entry_files(ssd)
     data = bytearray(entry.read_bytes())
     data[100] ^= 0x01  # inside the header

@@ -11,3 +11,21 @@ pub use kv::KvCache;
 pub use prompt::{PromptCache, PromptCacheStats};
 pub use ssd::{SsdCache, SsdCacheStats, SsdConfig};
 pub use tiers::PrefixCache;
+
+/// Length of the common prefix of two token sequences.
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Removes and returns the entry with the smallest `last_used` (both tiers
+/// evict least recently used first).
+pub(crate) fn take_least_recent<T, K: Ord>(
+    entries: &mut Vec<T>,
+    last_used: impl Fn(&T) -> K,
+) -> Option<T> {
+    let (oldest, _) = entries
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, e)| last_used(e))?;
+    Some(entries.remove(oldest))
+}

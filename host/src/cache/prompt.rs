@@ -12,6 +12,7 @@
 //! the step has logits. Memory is capped in bytes (the KV allocation,
 //! capacity included); the least recently used entries go first.
 
+use crate::cache::common_prefix;
 use crate::cache::kv::KvCache;
 
 /// Counters for `GET /stats`.
@@ -71,10 +72,6 @@ pub struct Reuse {
     pub kv: KvCache,
     /// Prompt tokens covered.
     pub reused: usize,
-}
-
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 impl PromptCache {
@@ -217,15 +214,9 @@ impl PromptCache {
             persisted: false,
         });
         while self.bytes() > self.max_bytes {
-            let Some((oldest, _)) = self
-                .entries
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, e)| e.last_used)
-            else {
+            let Some(e) = super::take_least_recent(&mut self.entries, |e| e.last_used) else {
                 break;
             };
-            let e = self.entries.remove(oldest);
             self.stats.evictions += 1;
             // Spilled even when written before: the SSD may have evicted
             // it since (the writer skips it when the disk still has it).

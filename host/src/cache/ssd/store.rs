@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::format::{self, FormatError};
+use crate::cache::common_prefix;
 
 /// Directory holding this format version's entries.
 const ENTRIES_DIR: &str = "v1";
@@ -206,10 +207,6 @@ fn entry_file_name(tokens: &[u32]) -> String {
         xxhash_rust::xxh3::xxh3_64(&bytes),
         tokens.len()
     )
-}
-
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 impl Store {
@@ -396,15 +393,11 @@ impl Store {
     fn pick_victims(&mut self) -> Vec<PathBuf> {
         let mut victims = Vec::new();
         while self.bytes() > self.max_bytes {
-            let Some((oldest, _)) = self
-                .entries
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, e)| e.last_used)
+            let Some(e) = crate::cache::take_least_recent(&mut self.entries, |e| e.last_used)
             else {
                 break;
             };
-            victims.push(self.entries.remove(oldest).path);
+            victims.push(e.path);
             self.counters.evictions += 1;
         }
         victims
