@@ -233,7 +233,7 @@ pub fn spawn(
                 // A panic fails only this job (its event channel is dropped,
                 // which the HTTP side reports as a 500).
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    run_job(&model, *job, &c, &mut caches)
+                    run_job(&model, *job, &c, &mut caches, &stats)
                 }));
                 if ran.is_err() {
                     tracing::error!("the engine panicked while running a job; it keeps serving");
@@ -343,7 +343,13 @@ fn warm_up(model: &LoadedModel, plugins: &PluginHost, sampler: &str) -> Result<(
         .map_err(|e| e.to_string())
 }
 
-fn run_job(model: &LoadedModel, job: Job, cancel_all: &AtomicBool, caches: &mut PrefixCache) {
+fn run_job(
+    model: &LoadedModel,
+    job: Job,
+    cancel_all: &AtomicBool,
+    caches: &mut PrefixCache,
+    stats: &std::sync::Mutex<PromptCacheStats>,
+) {
     let Job {
         request_id,
         request,
@@ -387,6 +393,11 @@ fn run_job(model: &LoadedModel, job: Job, cancel_all: &AtomicBool, caches: &mut 
                 || events.is_closed()
         },
     );
+    // Published before the response ends, so a client that reads /stats
+    // after its response sees its own request counted.
+    if let Ok(mut s) = stats.lock() {
+        *s = caches.ram_stats();
+    }
     match result {
         Ok(summary) => {
             tracing::info!(
