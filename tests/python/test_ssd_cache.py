@@ -173,17 +173,22 @@ def test_damaged_files_are_quarantined_and_the_server_keeps_answering(tmp_path):
     assert len(list((ssd / "quarantine").iterdir())) == 2
 
 
+def assert_start_fails(message, *args):
+    """`serve` with `args` exits non-zero (after loading) and says `message`."""
+    s = Server(*args, wait=False)
+    try:
+        s.proc.wait(120)
+        assert s.proc.returncode != 0
+        assert message in s.text()
+    finally:
+        s.stop()
+
+
 def test_a_second_server_on_the_same_directory_is_refused(tmp_path):
     ssd = tmp_path / "ssd"
     first = Server("--ssd-cache", str(ssd))
     try:
-        second = Server("--ssd-cache", str(ssd), wait=False)
-        try:
-            second.proc.wait(120)
-            assert second.proc.returncode != 0
-            assert "another mlxhost server is using this directory" in second.text()
-        finally:
-            second.stop()
+        assert_start_fails("another mlxhost server is using this directory", "--ssd-cache", str(ssd))
         with first.http() as c:
             assert c.get("/health").status_code == 200
     finally:
@@ -195,10 +200,4 @@ def test_a_bad_ssd_cache_flag_is_named(tmp_path):
     assert r.returncode != 0 and "--ssd-cache-max" in r.stderr
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    s = Server("--ssd-cache", str(blocker / "sub"), wait=False)
-    try:
-        s.proc.wait(120)
-        assert s.proc.returncode != 0
-        assert "--ssd-cache" in s.text()
-    finally:
-        s.stop()
+    assert_start_fails("--ssd-cache", "--ssd-cache", str(blocker / "sub"))
