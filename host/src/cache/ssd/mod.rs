@@ -341,10 +341,7 @@ impl SsdCache {
         }
         // An entry larger than the whole cap would only evict everything
         // (a file adds up to one alignment page per tensor and the header).
-        let bytes: usize = tensors
-            .iter()
-            .flat_map(|t| t.runs.iter().map(|r| r.len()))
-            .sum();
+        let bytes = writer::tensor_bytes(&tensors);
         let overhead = (tensors.len() as u64 + 1) * format::ALIGN + 32 * tokens.len() as u64;
         if bytes as u64 + overhead > self.max_bytes {
             tracing::debug!(bytes, "entry larger than --ssd-cache-max; not written");

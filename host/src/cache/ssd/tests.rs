@@ -83,6 +83,13 @@ fn holds(kv: &KvCache, tokens: &[u32], n: usize, head_dim: usize) -> bool {
         })
 }
 
+/// The rwx bits of `path`'s mode.
+#[cfg(unix)]
+fn permission_bits(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
 fn seq(start: u32, n: usize) -> Vec<u32> {
     (start..start + n as u32).collect()
 }
@@ -118,14 +125,7 @@ fn a_restart_restores_the_longest_prefix_exactly() {
     let s = ssd.stats_handle("ns").stats();
     assert_eq!((s.hits, s.tokens_restored, s.entries), (2, 499, 1));
     #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(dir.path().join("v1"))
-            .unwrap()
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o777, 0o700);
-    }
+    assert_eq!(permission_bits(&dir.path().join("v1")), 0o700);
 }
 
 #[test]
@@ -566,11 +566,7 @@ fn a_directory_others_can_write_is_refused_and_special_files_are_skipped() {
     assert!(status.success());
     let ssd = open(&root, identity("m", "t", D), BIG, false);
     assert_eq!(ssd.stats_handle("ns").stats().quarantined, 1);
-    let mode = std::fs::metadata(root.join("v1"))
-        .unwrap()
-        .permissions()
-        .mode();
-    assert_eq!(mode & 0o777, 0o700);
+    assert_eq!(permission_bits(&root.join("v1")), 0o700);
 }
 
 #[test]

@@ -82,11 +82,16 @@ impl Drop for Writer {
     }
 }
 
-fn job_bytes(job: &WriteJob) -> usize {
-    job.tensors
+/// Bytes of tensor data the tensors will write.
+pub fn tensor_bytes(tensors: &[PreparedTensor]) -> usize {
+    tensors
         .iter()
         .flat_map(|t| t.runs.iter().map(|r| r.len()))
         .sum()
+}
+
+fn job_bytes(job: &WriteJob) -> usize {
+    tensor_bytes(&job.tensors)
 }
 
 impl Writer {
