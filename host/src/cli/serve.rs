@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use mlxhost::cache::SsdConfig;
+use mlxhost::engine::scheduler::{DEFAULT_BATCH, DEFAULT_PREFILL_BUDGET};
+use mlxhost::engine::worker::CacheConfig;
+use mlxhost::engine::SchedulerConfig;
 use mlxhost::plugin::{Kind, LivePlugins, PluginLimits};
-use mlxhost::server::engine::CacheConfig;
 use mlxhost::server::{self, Defaults, ServeConfig};
 
 use super::ModelArgs;
@@ -96,6 +98,15 @@ pub struct ServeArgs {
     /// holds plugin instances from a shared pool of 512).
     #[arg(long, default_value_t = 128)]
     max_queue: usize,
+    /// Most requests decoded together in one step (continuous batching);
+    /// 1 serves requests one after another. Requests beyond it wait.
+    #[arg(long, alias = "decode-concurrency", default_value_t = DEFAULT_BATCH)]
+    batch: usize,
+    /// Prompt tokens prefilled per step while other requests decode (chunked
+    /// prefill: a long prompt joins the batch a chunk at a time instead of
+    /// freezing the running streams).
+    #[arg(long, alias = "prefill-step-size", default_value_t = DEFAULT_PREFILL_BUDGET)]
+    prefill_budget: usize,
     /// Linear memory cap per sampler/processor instance, MiB.
     #[arg(long, default_value_t = 64)]
     plugin_memory: usize,
@@ -136,6 +147,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     if args.max_tokens == 0 {
         anyhow::bail!("--max-tokens must be at least 1");
+    }
+    if args.batch == 0 {
+        anyhow::bail!("--batch must be at least 1 (1 = one request at a time)");
+    }
+    if args.prefill_budget == 0 {
+        anyhow::bail!("--prefill-budget must be at least 1 token");
     }
     let max_mib = PluginLimits::MAX_MEMORY_BYTES >> 20;
     for (flag, mib) in [
@@ -218,6 +235,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             settle: Duration::from_millis(args.ssd_cache_settle_ms),
         },
         max_queue: args.max_queue.max(1),
+        schedule: SchedulerConfig {
+            max_batch: args.batch,
+            prefill_budget: args.prefill_budget,
+            ..SchedulerConfig::default()
+        },
     };
     let summary_plugins = live.clone();
     server::run(config, load, move |ready| {

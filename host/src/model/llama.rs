@@ -153,22 +153,48 @@ impl Llama {
             row.cache.advance(t);
         }
         // Only the requested positions go through the final norm and the
-        // (large) output head.
-        let mut out = Vec::with_capacity(rows.len());
+        // (large) output head, and all rows' positions go through it in one
+        // product: the head's weights stream once per step, not once per row.
+        let mut picked = Vec::with_capacity(rows.len());
+        let mut counts = Vec::with_capacity(rows.len());
         let mut start = 0i32;
         for (row, &t) in rows.iter().zip(&lens) {
             let from = row.logits_from.min(t) as i32;
-            let hs = h.index((start + from)..(start + t as i32));
-            // Logits in float32: the output head's product is computed in
-            // float32 where the quantized path allows (CPU), and log-softmax
-            // over a float16 vocabulary loses ~0.01 nats.
-            let hs = fast::rms_norm(&hs, Some(&self.norm), eps)?.as_dtype(Dtype::Float32)?;
-            let logits = match &self.lm_head {
-                Some(head) => head.forward(&hs)?,
-                None => self.embed.as_linear(&hs)?,
-            };
-            out.push(logits.as_dtype(Dtype::Float32)?);
+            if from < t as i32 {
+                picked.push(h.index((start + from)..(start + t as i32)));
+            }
+            counts.push(t as i32 - from);
             start += t as i32;
+        }
+        if picked.is_empty() {
+            return Ok(counts
+                .iter()
+                .map(|_| Array::from_slice::<f32>(&[], &[0, vocab as i32]))
+                .collect());
+        }
+        let hs = if picked.len() == 1 {
+            picked.remove(0)
+        } else {
+            ops::concatenate(&picked, 0)?
+        };
+        // Logits in float32: the output head's product is computed in
+        // float32 where the quantized path allows (CPU), and log-softmax
+        // over a float16 vocabulary loses ~0.01 nats.
+        let hs = fast::rms_norm(&hs, Some(&self.norm), eps)?.as_dtype(Dtype::Float32)?;
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(&hs)?,
+            None => self.embed.as_linear(&hs)?,
+        }
+        .as_dtype(Dtype::Float32)?;
+        let mut out = Vec::with_capacity(rows.len());
+        let mut at = 0i32;
+        for n in counts {
+            if n == 0 {
+                out.push(Array::from_slice::<f32>(&[], &[0, vocab as i32]));
+            } else {
+                out.push(logits.index(at..at + n));
+            }
+            at += n;
         }
         Ok(out)
     }

@@ -218,7 +218,7 @@ pub(crate) fn trap_cause(e: &wasmtime::Error) -> String {
 
 /// What chooses each token of a row: the plugin chain ([`RowChain`]) in
 /// the host; benchmarks implement it natively to measure the plugin cost.
-/// The decode loop (`engine::generate_with`) drives any implementation.
+/// The engine's scheduler drives any implementation, one per row.
 pub trait TokenChain {
     /// Edits `logits` (`[V]`, lazy) and chooses the token.
     fn step(
@@ -322,6 +322,33 @@ impl RowChain {
             sampler_ticks: host.deadline_ticks(Kind::Sampler),
             plugin_time: Duration::ZERO,
         })
+    }
+}
+
+/// A borrowed chain (benchmarks keep theirs to read it afterwards).
+impl<T: TokenChain + ?Sized> TokenChain for &mut T {
+    fn step(
+        &mut self,
+        logits: Array,
+        ids: &[u32],
+        prompt_len: usize,
+        step: u32,
+    ) -> Result<StepOutput, PluginError> {
+        (**self).step(logits, ids, prompt_len, step)
+    }
+    fn accept(
+        &mut self,
+        token: u32,
+        raw_logprob: f32,
+        sampled_logprob: f32,
+    ) -> Result<(), PluginError> {
+        (**self).accept(token, raw_logprob, sampled_logprob)
+    }
+    fn sampler_name(&self) -> &str {
+        (**self).sampler_name()
+    }
+    fn chain_time(&self) -> Duration {
+        (**self).chain_time()
     }
 }
 

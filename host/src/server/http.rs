@@ -30,9 +30,9 @@ use super::adapter::{
     host_error, Action, AdapterCall, ApiError, ErrorKind, GenerationUpdate, HttpRequest,
     HttpResponse, RequestContext, TokenLogprob, TopLogprob, Usage,
 };
-use super::engine::{EngineHandle, Frontend, Job, JobEvent};
 use super::request::{prepare, Defaults};
 use super::RequestId;
+use crate::engine::worker::{EngineHandle, Frontend, Job, JobEvent};
 
 /// Shared by every handler.
 pub struct AppState {
@@ -96,7 +96,10 @@ pub async fn health(State(app): State<Arc<AppState>>) -> Response {
 
 /// `GET /stats`: the RAM prompt cache's counters (hits, misses, tokens
 /// reused, entries, bytes, cap, evictions), the SSD tier's (`null` when
-/// off; see `SsdCacheStats`) and the requests in flight.
+/// off; see `SsdCacheStats`), the scheduler's (`batch`: running rows,
+/// waiting requests, prefill tokens per step, batch occupancy, step time
+/// and plugin share per batch size; see `SchedulerStats`) and the requests
+/// in flight.
 pub async fn stats(State(app): State<Arc<AppState>>) -> Response {
     let cache = app
         .engine
@@ -105,8 +108,15 @@ pub async fn stats(State(app): State<Arc<AppState>>) -> Response {
         .map(|s| s.clone())
         .unwrap_or_default();
     let ssd = app.engine.ssd_stats.get().map(|h| h.stats());
+    let batch = app
+        .engine
+        .batch_stats
+        .lock()
+        .map(|s| s.clone())
+        .unwrap_or_default();
     axum::Json(serde_json::json!({
         "in_flight": app.engine.in_flight(),
+        "batch": batch,
         "prompt_cache": cache,
         "ssd_cache": ssd,
     }))
@@ -474,7 +484,7 @@ impl Accumulator {
         }
     }
 
-    fn token(&mut self, t: crate::engine::generate::TokenInfo) {
+    fn token(&mut self, t: crate::engine::TokenInfo) {
         // The EOS token ends generation but is not output (as OpenAI and
         // vLLM report it); it still counts in `usage.completion_tokens`.
         if !self.logprobs || self.frontend.eos_ids.contains(&t.id) {

@@ -4,7 +4,6 @@
 //! routes (`docs/architecture.md`).
 
 pub mod adapter;
-pub mod engine;
 pub mod http;
 pub mod request;
 
@@ -19,6 +18,8 @@ use axum::middleware::Next;
 use axum::response::Response;
 use axum::routing::get;
 
+use crate::engine::worker as engine;
+use crate::engine::SchedulerConfig;
 use crate::model::LoadedModel;
 use crate::plugin::{Kind, LivePlugins, PluginHost};
 
@@ -41,6 +42,9 @@ pub struct ServeConfig {
     pub caches: engine::CacheConfig,
     /// Most generations queued or running; more get a 503.
     pub max_queue: usize,
+    /// The continuous-batching scheduler's settings (`--batch`,
+    /// `--prefill-budget`).
+    pub schedule: SchedulerConfig,
 }
 
 /// Errors that stop the server.
@@ -142,6 +146,7 @@ async fn serve(
         config.plugins.clone(),
         config.defaults.sampler.clone(),
         config.caches,
+        config.schedule,
         ready_tx,
     )?;
     let routes = adapter_routes(&config.plugins.current());

@@ -7,7 +7,7 @@ use crate::model::ChatMessage;
 use crate::plugin::{Kind, PluginHost, SamplingParams};
 
 use super::adapter::{ApiError, ErrorKind, GenerationRequest};
-use super::engine::Frontend;
+use crate::engine::worker::Frontend;
 
 /// Server-side defaults, from `mlxhost serve` flags.
 #[derive(Debug, Clone)]

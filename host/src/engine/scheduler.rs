@@ -1,0 +1,499 @@
+//! The continuous-batching scheduler: a queue of waiting requests and the
+//! running batch of [`Sequence`]s, advanced one [`step`](Scheduler::step) at
+//! a time.
+//!
+//! Each step:
+//! 1. retires rows whose caller cancelled;
+//! 2. admits waiting requests (FIFO) while the batch has room (`max_batch`,
+//!    `--batch`): validates the request, instantiates its plugin chain, and
+//!    consults the prompt cache (both tiers) for the longest cached prefix;
+//! 3. plans the forward: every decoding row feeds its one sampled token;
+//!    prefilling rows feed prompt chunks from a per-step budget
+//!    (`prefill_budget` tokens while other rows decode, so a long prompt
+//!    does not freeze the streams already running; up to `prefill_chunk`
+//!    per row when nothing decodes);
+//! 4. runs the step (`step::run`: one forward, each row's chain, one
+//!    evaluation);
+//! 5. hands every chosen token to its row and retires rows that finished,
+//!    stopped or failed; finished rows' KV goes to the prompt cache.
+//!
+//! The shape follows vLLM v1's scheduler (`v1/core/sched/interface.py`:
+//! `schedule`, `update_from_output`, `finish_requests`) and mistral.rs's
+//! `default_scheduler.rs` (waiting and running queues).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::request::{
+    effective_params, kv_namespace, validate, FinishReason, GenerateError, GenerateEvent,
+    GenerateRequest,
+};
+use super::sequence::{Phase, Sequence, SequenceSink};
+use super::step::{self, RowOutcome, StepTiming};
+use crate::cache::PrefixCache;
+use crate::model::LoadedModel;
+use crate::plugin::session::{RowChain, TokenChain};
+use crate::plugin::PluginHost;
+use crate::score::PREFILL_CHUNK;
+
+/// How the scheduler fills a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Most rows in the running batch (`--batch`, alias
+    /// `--decode-concurrency`); 1 runs requests one after another.
+    pub max_batch: usize,
+    /// Prompt tokens prefilled per step while other rows decode
+    /// (`--prefill-budget`).
+    pub prefill_budget: usize,
+    /// Most prompt tokens of one row in one forward (bounds attention
+    /// memory, `[H, chunk, T]` scores per layer).
+    pub prefill_chunk: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            max_batch: DEFAULT_BATCH,
+            prefill_budget: DEFAULT_PREFILL_BUDGET,
+            prefill_chunk: PREFILL_CHUNK,
+        }
+    }
+}
+
+/// Default `--batch` (chosen by measurement: `docs/benchmarks.md`).
+pub const DEFAULT_BATCH: usize = 16;
+/// Default `--prefill-budget`, tokens per step.
+pub const DEFAULT_PREFILL_BUDGET: usize = 256;
+
+/// Who chooses a request's tokens.
+pub enum ChainSource<'s> {
+    /// The request's plugins (sampler and processors named in the request),
+    /// instantiated from this snapshot when the request is admitted.
+    Plugins(Arc<PluginHost>),
+    /// A chain built by the caller (benchmarks' native chain).
+    Ready(Box<dyn TokenChain + 's>),
+}
+
+/// A request waiting for a batch slot.
+pub struct Pending<'s> {
+    /// The canonical request.
+    pub request: GenerateRequest,
+    /// Its chain.
+    pub chain: ChainSource<'s>,
+    /// Where its events go.
+    pub sink: Box<dyn SequenceSink + 's>,
+}
+
+/// Per batch size: how many steps ran with that many rows and where their
+/// time went (the plugin share of a step at each batch size).
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct BatchSizeStats {
+    /// Rows in the step's forward.
+    pub rows: usize,
+    /// Steps with that many rows.
+    pub steps: u64,
+    /// Mean wall time of such a step, ms.
+    pub step_ms: f64,
+    /// Mean time inside plugin chains per step, ms.
+    pub plugin_ms: f64,
+    /// `plugin_ms / step_ms`.
+    pub plugin_share: f64,
+}
+
+/// The scheduler's counters (`GET /stats` under `"batch"`).
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct SchedulerStats {
+    /// `--batch`.
+    pub max_batch: usize,
+    /// Rows in the running batch now.
+    pub running: usize,
+    /// Requests waiting for a slot.
+    pub waiting: usize,
+    /// Steps run.
+    pub steps: u64,
+    /// Prompt tokens prefilled by the last step.
+    pub prefill_tokens_last_step: usize,
+    /// Prompt tokens prefilled, all steps.
+    pub prefill_tokens: u64,
+    /// Tokens chosen, all steps.
+    pub decode_tokens: u64,
+    /// Mean over steps of rows in the forward / `max_batch`.
+    pub batch_occupancy: f64,
+    /// Step timing per number of rows in the step, ascending.
+    pub by_batch_size: Vec<BatchSizeStats>,
+}
+
+#[derive(Default)]
+struct SizeAcc {
+    steps: u64,
+    time: Duration,
+    plugins: Duration,
+}
+
+/// What one [`Scheduler::step`] did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepReport {
+    /// Rows in the forward.
+    pub rows: usize,
+    /// Prompt tokens fed.
+    pub prefill_tokens: usize,
+    /// Rows retired (finished, cancelled or failed).
+    pub retired: usize,
+    /// Where the time went.
+    pub timing: StepTiming,
+}
+
+/// Waiting requests and the running batch.
+pub struct Scheduler<'s> {
+    config: SchedulerConfig,
+    waiting: VecDeque<Pending<'s>>,
+    running: Vec<Sequence<'s>>,
+    next_id: u64,
+    steps: u64,
+    occupancy_sum: f64,
+    prefill_tokens: u64,
+    decode_tokens: u64,
+    last_prefill: usize,
+    by_size: BTreeMap<usize, SizeAcc>,
+}
+
+impl<'s> Scheduler<'s> {
+    /// An empty scheduler. `max_batch`, `prefill_budget` and
+    /// `prefill_chunk` are raised to at least 1.
+    pub fn new(config: SchedulerConfig) -> Self {
+        Scheduler {
+            config: SchedulerConfig {
+                max_batch: config.max_batch.max(1),
+                prefill_budget: config.prefill_budget.max(1),
+                prefill_chunk: config.prefill_chunk.max(1),
+            },
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_id: 0,
+            steps: 0,
+            occupancy_sum: 0.0,
+            prefill_tokens: 0,
+            decode_tokens: 0,
+            last_prefill: 0,
+            by_size: BTreeMap::new(),
+        }
+    }
+
+    /// Queues a request; it is admitted at a later step.
+    pub fn submit(&mut self, pending: Pending<'s>) {
+        self.waiting.push_back(pending);
+    }
+
+    /// Nothing waiting and nothing running.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// Rows running now.
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Requests waiting for a slot.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// The configuration in effect.
+    pub fn config(&self) -> SchedulerConfig {
+        self.config
+    }
+
+    /// Admits, runs one step and retires (see the module doc). A no-op when
+    /// idle. Rows fail one by one (their sink gets the error); an error that
+    /// breaks the whole step fails every running row.
+    pub fn step(
+        &mut self,
+        model: &LoadedModel,
+        mut caches: Option<&mut PrefixCache>,
+    ) -> StepReport {
+        let mut report = StepReport::default();
+        report.retired += self.retire_cancelled(model, caches.as_deref_mut());
+        self.admit(model, caches.as_deref_mut());
+        if self.running.is_empty() {
+            return report;
+        }
+        let take = self.plan();
+        report.rows = take.iter().filter(|&&n| n > 0).count();
+        report.prefill_tokens = self
+            .running
+            .iter()
+            .zip(&take)
+            .filter(|(s, _)| s.phase() == Phase::Prefill)
+            .map(|(_, &n)| n)
+            .sum();
+        let started = Instant::now();
+        let outcomes = match step::run(model, &mut self.running, &take) {
+            Ok((outcomes, timing)) => {
+                report.timing = timing;
+                outcomes
+            }
+            Err(e) => {
+                let message = e.to_string();
+                tracing::error!(error = %message, rows = self.running.len(), "the batch step failed; its rows fail");
+                self.running
+                    .iter()
+                    .map(|_| RowOutcome::Failed(GenerateError::Internal(message.clone())))
+                    .collect()
+            }
+        };
+        let mut retire: Vec<(usize, Result<FinishReason, GenerateError>)> = Vec::new();
+        let mut chosen = 0u64;
+        for (i, outcome) in outcomes.into_iter().enumerate() {
+            match outcome {
+                RowOutcome::Idle | RowOutcome::Fed => {}
+                RowOutcome::Failed(e) => retire.push((i, Err(e))),
+                RowOutcome::Token(info, sampled) => {
+                    chosen += 1;
+                    match self.running[i].take_token(info, sampled, model) {
+                        Ok(Some(finish)) => retire.push((i, Ok(finish))),
+                        Ok(None) => {}
+                        Err(e) => retire.push((i, Err(e))),
+                    }
+                }
+            }
+        }
+        let elapsed = started.elapsed();
+        self.record(&report, chosen, elapsed);
+        report.retired += retire.len();
+        // Highest index first, so the indices left stay valid.
+        for (i, result) in retire.into_iter().rev() {
+            let seq = self.running.remove(i);
+            finish(seq, result, model, caches.as_deref_mut());
+        }
+        report
+    }
+
+    /// Fails every waiting and running request with `message` (the engine
+    /// is stopping, or it caught a panic and its rows' state is unknown).
+    pub fn fail_all(&mut self, message: &str) {
+        for mut p in self.waiting.drain(..) {
+            p.sink
+                .finished(Err(GenerateError::Internal(message.to_string())));
+        }
+        for mut s in self.running.drain(..) {
+            s.sink
+                .finished(Err(GenerateError::Internal(message.to_string())));
+        }
+    }
+
+    /// The counters now.
+    pub fn stats(&self) -> SchedulerStats {
+        SchedulerStats {
+            max_batch: self.config.max_batch,
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            steps: self.steps,
+            prefill_tokens_last_step: self.last_prefill,
+            prefill_tokens: self.prefill_tokens,
+            decode_tokens: self.decode_tokens,
+            batch_occupancy: if self.steps > 0 {
+                self.occupancy_sum / self.steps as f64
+            } else {
+                0.0
+            },
+            by_batch_size: self
+                .by_size
+                .iter()
+                .map(|(&rows, acc)| {
+                    let n = acc.steps.max(1) as f64;
+                    let step_ms = acc.time.as_secs_f64() * 1e3 / n;
+                    let plugin_ms = acc.plugins.as_secs_f64() * 1e3 / n;
+                    BatchSizeStats {
+                        rows,
+                        steps: acc.steps,
+                        step_ms,
+                        plugin_ms,
+                        plugin_share: if step_ms > 0.0 {
+                            plugin_ms / step_ms
+                        } else {
+                            0.0
+                        },
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    fn record(&mut self, report: &StepReport, chosen: u64, elapsed: Duration) {
+        if report.rows == 0 {
+            return;
+        }
+        self.steps += 1;
+        self.occupancy_sum += report.rows as f64 / self.config.max_batch as f64;
+        self.prefill_tokens += report.prefill_tokens as u64;
+        self.decode_tokens += chosen;
+        self.last_prefill = report.prefill_tokens;
+        let acc = self.by_size.entry(report.rows).or_default();
+        acc.steps += 1;
+        acc.time += elapsed;
+        acc.plugins += report.timing.plugins;
+    }
+
+    /// Retires waiting and running requests whose caller cancelled.
+    fn retire_cancelled(
+        &mut self,
+        model: &LoadedModel,
+        mut caches: Option<&mut PrefixCache>,
+    ) -> usize {
+        let mut n = 0;
+        let mut i = 0;
+        while i < self.waiting.len() {
+            if self.waiting[i].sink.cancelled() {
+                if let Some(mut p) = self.waiting.remove(i) {
+                    p.sink.finished(Ok(super::request::GenerateSummary {
+                        finish_reason: FinishReason::Cancelled,
+                        prompt_tokens: p.request.prompt_ids.len(),
+                        cached_tokens: 0,
+                        completion_tokens: 0,
+                        prefill: Duration::ZERO,
+                        decode: Duration::ZERO,
+                        plugin_time: Duration::ZERO,
+                    }));
+                }
+                n += 1;
+            } else {
+                i += 1;
+            }
+        }
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].sink.cancelled() {
+                let seq = self.running.remove(i);
+                finish(
+                    seq,
+                    Ok(FinishReason::Cancelled),
+                    model,
+                    caches.as_deref_mut(),
+                );
+                n += 1;
+            } else {
+                i += 1;
+            }
+        }
+        n
+    }
+
+    /// Moves waiting requests into the batch while it has room.
+    fn admit(&mut self, model: &LoadedModel, mut caches: Option<&mut PrefixCache>) {
+        while self.running.len() < self.config.max_batch {
+            let Some(pending) = self.waiting.pop_front() else {
+                return;
+            };
+            let id = self.next_id;
+            self.next_id += 1;
+            if let Some(seq) = admit_one(id, pending, model, caches.as_deref_mut()) {
+                self.running.push(seq);
+            }
+        }
+    }
+
+    /// Tokens each running row feeds this step (see the module doc).
+    fn plan(&self) -> Vec<usize> {
+        let decoding = self.running.iter().any(|s| s.phase() == Phase::Decode);
+        let mut budget = if decoding {
+            self.config.prefill_budget
+        } else {
+            self.config.prefill_budget.max(self.config.prefill_chunk)
+        };
+        self.running
+            .iter()
+            .map(|s| match s.phase() {
+                Phase::Decode => s.unfed().len(),
+                Phase::Prefill => {
+                    let n = s.prefill_left().min(self.config.prefill_chunk).min(budget);
+                    budget -= n;
+                    n
+                }
+            })
+            .collect()
+    }
+}
+
+/// Validates and instantiates one request; `None` when it failed (its sink
+/// has the error).
+fn admit_one<'s>(
+    id: u64,
+    pending: Pending<'s>,
+    model: &LoadedModel,
+    caches: Option<&mut PrefixCache>,
+) -> Option<Sequence<'s>> {
+    let Pending {
+        request,
+        chain,
+        mut sink,
+    } = pending;
+    if let Err(e) = validate(model, &request) {
+        sink.finished(Err(e));
+        return None;
+    }
+    let chain: Box<dyn TokenChain + 's> = match chain {
+        ChainSource::Ready(c) => c,
+        ChainSource::Plugins(host) => {
+            let params = effective_params(model, &request);
+            match RowChain::new(
+                &host,
+                &request.sampler,
+                &request.processors,
+                &params,
+                &request.plugin_params,
+            ) {
+                Ok(c) => Box::new(c),
+                Err(e) => {
+                    sink.finished(Err(e.into()));
+                    return None;
+                }
+            }
+        }
+    };
+    let namespace = kv_namespace(model);
+    let reuse = caches.and_then(|c| c.lookup(&namespace, &request.prompt_ids));
+    let (cache, cached) = match reuse {
+        Some(r) => (r.kv, r.reused),
+        None => (model.model.new_cache(), 0),
+    };
+    sink.event(GenerateEvent::Started);
+    Some(Sequence::new(
+        id,
+        request.prompt_ids,
+        request.max_tokens,
+        model.model.config.max_position_embeddings,
+        &request.stop,
+        request.top_logprobs,
+        chain,
+        sink,
+        cache,
+        cached,
+    ))
+}
+
+/// Retires a sequence: flushes its held-back text, stores its KV in the
+/// prompt cache (unless it failed) and tells its sink.
+fn finish(
+    mut seq: Sequence<'_>,
+    result: Result<FinishReason, GenerateError>,
+    model: &LoadedModel,
+    caches: Option<&mut PrefixCache>,
+) {
+    let result = result.and_then(|finish| seq.flush_text(&model.tokenizer, finish));
+    match result {
+        Ok(finish) => {
+            let summary = seq.summary(finish);
+            if let Some(c) = caches {
+                let tokens = seq.fed_ids().to_vec();
+                let cache = std::mem::replace(&mut seq.cache, crate::cache::KvCache::new(0));
+                c.insert(&kv_namespace(model), tokens, cache);
+            }
+            seq.sink.finished(Ok(summary));
+        }
+        Err(e) => seq.sink.finished(Err(e)),
+    }
+}

@@ -1,0 +1,225 @@
+//! One request inside the engine: a sequence owns everything that belongs
+//! to its row of the batch, so rows never see each other's state.
+//!
+//! - its token history (prompt, then generated ids) and how much of it is
+//!   already in its KV cache rows (`fed`); the tokens not yet fed are what
+//!   the next step runs for this row (a prompt chunk while prefilling, the
+//!   last sampled token while decoding);
+//! - its plugin chain (processors and sampler sessions, each with its own
+//!   store: per-row RNG, seeds, penalties over its own history, mirostat's
+//!   and DRY's state);
+//! - its output state (incremental detokenizer, stop-string matcher);
+//! - its limits (`max_tokens`, the context) and its sink, which also says
+//!   whether the caller cancelled.
+
+use std::time::{Duration, Instant};
+
+use super::detokenize::{Detokenizer, StopMatcher};
+use super::request::{FinishReason, GenerateError, GenerateEvent, GenerateSummary, TokenInfo};
+use crate::cache::KvCache;
+use crate::model::{LoadedModel, TextTokenizer};
+use crate::plugin::session::TokenChain;
+
+/// Where a sequence's events go. Implemented by the server (a channel per
+/// HTTP request), by `mlxhost generate` (stdout) and by tests.
+pub trait SequenceSink {
+    /// An event, in order: `Started`, then `Token` / `Text` interleaved.
+    fn event(&mut self, event: GenerateEvent);
+    /// Polled once per step: true stops the sequence (finish reason
+    /// `Cancelled`) at the next step boundary.
+    fn cancelled(&self) -> bool;
+    /// Exactly once, last: the summary, or why the sequence failed.
+    fn finished(&mut self, result: Result<GenerateSummary, GenerateError>);
+}
+
+/// Where a sequence is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Prompt tokens remain to be fed.
+    Prefill,
+    /// Exactly one sampled token waits to be fed.
+    Decode,
+}
+
+/// A request admitted into the running batch.
+pub struct Sequence<'s> {
+    /// Scheduler-assigned id (admission order), for logs.
+    pub id: u64,
+    /// The row's token chooser (plugin chain, or a native benchmark chain).
+    pub(crate) chain: Box<dyn TokenChain + 's>,
+    pub(crate) sink: Box<dyn SequenceSink + 's>,
+    /// The row's KV cache; `cache.offset() == fed`.
+    pub(crate) cache: KvCache,
+    /// Prompt then generated ids. Every id here is fed to the model except
+    /// a final EOS, which ends the sequence instead.
+    pub(crate) ids: Vec<u32>,
+    pub(crate) prompt_len: usize,
+    /// Positions of `ids` whose KV is in `cache`.
+    pub(crate) fed: usize,
+    /// Prompt tokens whose KV came from the prompt cache.
+    pub(crate) cached_tokens: usize,
+    pub(crate) generated: usize,
+    /// `max_tokens` capped by the context left after the prompt.
+    pub(crate) max_new: usize,
+    pub(crate) top_logprobs: usize,
+    detok: Detokenizer,
+    stops: StopMatcher,
+    /// A stop string ended the sequence (held-back text is dropped).
+    stopped_by_string: bool,
+    admitted: Instant,
+    prefill_done: Option<Instant>,
+}
+
+impl<'s> Sequence<'s> {
+    /// A sequence for `prompt` whose first `cached_tokens` positions are
+    /// already in `cache` (a prompt-cache hit; 0 and an empty cache on a
+    /// miss). `cached_tokens < prompt.len()` (the last prompt token is
+    /// always fed, so the first step has logits).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        id: u64,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        context: usize,
+        stop: &[String],
+        top_logprobs: usize,
+        chain: Box<dyn TokenChain + 's>,
+        sink: Box<dyn SequenceSink + 's>,
+        cache: KvCache,
+        cached_tokens: usize,
+    ) -> Self {
+        let prompt_len = prompt.len();
+        let detok = Detokenizer::with_context(&prompt[prompt_len.saturating_sub(5)..]);
+        Sequence {
+            id,
+            chain,
+            sink,
+            cache,
+            max_new: max_tokens.min(context.saturating_sub(prompt_len)),
+            ids: prompt,
+            prompt_len,
+            fed: cached_tokens,
+            cached_tokens,
+            generated: 0,
+            top_logprobs,
+            detok,
+            stops: StopMatcher::new(stop),
+            stopped_by_string: false,
+            admitted: Instant::now(),
+            prefill_done: None,
+        }
+    }
+
+    /// Prefill while prompt tokens remain unfed, then decode.
+    pub fn phase(&self) -> Phase {
+        if self.fed < self.prompt_len {
+            Phase::Prefill
+        } else {
+            Phase::Decode
+        }
+    }
+
+    /// Ids not yet in the KV cache (what the next step may feed).
+    pub(crate) fn unfed(&self) -> &[u32] {
+        &self.ids[self.fed..]
+    }
+
+    /// Prompt tokens still to prefill.
+    pub fn prefill_left(&self) -> usize {
+        self.prompt_len.saturating_sub(self.fed)
+    }
+
+    /// Records that `n` more positions were fed (the step's forward ran).
+    pub(crate) fn fed(&mut self, n: usize) {
+        self.fed += n;
+        if self.fed >= self.prompt_len && self.prefill_done.is_none() {
+            self.prefill_done = Some(Instant::now());
+        }
+    }
+
+    /// Handles the token the step chose for this row: tells the chain,
+    /// streams it, and decides whether the sequence ends. Returns the finish
+    /// reason when it does.
+    ///
+    /// Errors: a chain failure in `accept`, a detokenizer failure.
+    pub(crate) fn take_token(
+        &mut self,
+        info: TokenInfo,
+        sampled_logprob: f32,
+        model: &LoadedModel,
+    ) -> Result<Option<FinishReason>, GenerateError> {
+        let id = info.id;
+        self.chain.accept(id, info.logprob, sampled_logprob)?;
+        self.generated += 1;
+        self.sink.event(GenerateEvent::Token(info));
+        if model.eos_ids.contains(&id) {
+            return Ok(Some(FinishReason::Stop));
+        }
+        self.ids.push(id);
+        let delta = self.detok.push(&model.tokenizer, id)?;
+        if !delta.is_empty() {
+            let fed = self.stops.feed(&delta);
+            if !fed.emit.is_empty() {
+                self.sink.event(GenerateEvent::Text(fed.emit));
+            }
+            if fed.stopped {
+                self.stopped_by_string = true;
+                return Ok(Some(FinishReason::Stop));
+            }
+        }
+        if self.generated >= self.max_new {
+            return Ok(Some(FinishReason::Length));
+        }
+        Ok(None)
+    }
+
+    /// Emits text held back (an incomplete character, a possible stop-string
+    /// prefix): real output unless a stop string ended generation. Returns
+    /// the final finish reason (a stop string completed by the tail turns
+    /// `Length` into `Stop`).
+    pub(crate) fn flush_text(
+        &mut self,
+        tokenizer: &TextTokenizer,
+        finish: FinishReason,
+    ) -> Result<FinishReason, GenerateError> {
+        if self.stopped_by_string {
+            return Ok(finish);
+        }
+        let tail = self.detok.flush(tokenizer)?;
+        let mut rest = self.stops.feed(&tail);
+        let finish = if rest.stopped {
+            FinishReason::Stop
+        } else {
+            rest.emit.push_str(&self.stops.flush());
+            finish
+        };
+        if !rest.emit.is_empty() {
+            self.sink.event(GenerateEvent::Text(rest.emit));
+        }
+        Ok(finish)
+    }
+
+    /// The totals so far, finishing with `finish`.
+    pub(crate) fn summary(&self, finish: FinishReason) -> GenerateSummary {
+        let now = Instant::now();
+        let prefill_done = self.prefill_done.unwrap_or(now);
+        GenerateSummary {
+            finish_reason: finish,
+            prompt_tokens: self.prompt_len,
+            cached_tokens: self.cached_tokens,
+            completion_tokens: self.generated,
+            prefill: prefill_done.duration_since(self.admitted),
+            decode: if self.prefill_done.is_some() {
+                now.duration_since(prefill_done)
+            } else {
+                Duration::ZERO
+            },
+            plugin_time: self.chain.chain_time(),
+        }
+    }
+
+    /// The ids whose KV the cache holds, for the prompt cache.
+    pub(crate) fn fed_ids(&self) -> &[u32] {
+        &self.ids[..self.fed.min(self.ids.len())]
+    }
+}

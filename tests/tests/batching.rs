@@ -1,0 +1,460 @@
+//! Continuous batching: rows run together in one step give the same output
+//! as each row run alone (`semantics.md`'s "same": tokens equal until a
+//! near-tie, logprobs within the float32 path's 0.1 nats), with mixed
+//! prompts and parameters, rows joining and leaving mid-batch, a cancelled
+//! row, rows whose plugin traps or returns a bad token, and prompt-cache
+//! hits beside misses. Drives the engine's scheduler directly with the real
+//! model and real plugins.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use mlxhost::cache::{PrefixCache, PromptCache};
+use mlxhost::engine::scheduler::{ChainSource, Pending, Scheduler, SchedulerConfig};
+use mlxhost::engine::{
+    FinishReason, GenerateError, GenerateEvent, GenerateRequest, GenerateSummary, SequenceSink,
+};
+use mlxhost::model::LoadedModel;
+use mlxhost::plugin::{PluginHost, PluginLimits, SamplingParams, VocabView};
+use mlxhost_e2e::{model_path, plugin_folder_with};
+
+/// The float32 path's tolerance (`semantics.md`).
+const TOL: f32 = 0.1;
+
+#[derive(Debug, Default)]
+struct Record {
+    /// (id, raw logprob, top-2 margin of the raw distribution).
+    tokens: Vec<(u32, f32, f32)>,
+    text: String,
+    started: bool,
+    result: Option<Result<GenerateSummary, String>>,
+}
+
+struct Sink {
+    record: Rc<RefCell<Record>>,
+    /// Cancel once this many tokens arrived.
+    cancel_after: Option<usize>,
+}
+
+impl SequenceSink for Sink {
+    fn event(&mut self, event: GenerateEvent) {
+        let mut r = self.record.borrow_mut();
+        match event {
+            GenerateEvent::Started => r.started = true,
+            GenerateEvent::Text(t) => r.text.push_str(&t),
+            GenerateEvent::Token(t) => {
+                let margin = match t.top.as_slice() {
+                    [a, b, ..] => a.1 - b.1,
+                    _ => f32::INFINITY,
+                };
+                r.tokens.push((t.id, t.logprob, margin));
+            }
+        }
+    }
+    fn cancelled(&self) -> bool {
+        self.cancel_after
+            .is_some_and(|n| self.record.borrow().tokens.len() >= n)
+    }
+    fn finished(&mut self, result: Result<GenerateSummary, GenerateError>) {
+        self.record.borrow_mut().result = Some(result.map_err(|e| e.to_string()));
+    }
+}
+
+struct Fixture {
+    model: LoadedModel,
+    plugins: Arc<PluginHost>,
+    _dir: tempfile::TempDir,
+}
+
+fn fixture() -> Fixture {
+    let dir = plugin_folder_with(&[
+        "standard",
+        "mirostat",
+        "repetition-penalty",
+        "presence-penalty",
+        "logit-bias",
+        "dry",
+        "ban-token",
+        "trap",
+        "bad-token",
+    ]);
+    let model = mlxhost::model::load(&model_path(), &Default::default()).expect("model loads");
+    let plugins = PluginHost::load_dir(dir.path(), PluginLimits::default()).expect("plugins load");
+    plugins.set_vocab(Arc::new(VocabView::new(model.tokenizer.clone())));
+    Fixture {
+        model,
+        plugins: Arc::new(plugins),
+        _dir: dir,
+    }
+}
+
+/// A request over `prompt` with `params`, the named sampler and processors.
+fn request(
+    prompt: &[u32],
+    max_tokens: usize,
+    sampler: &str,
+    processors: &[&str],
+    params: SamplingParams,
+    plugin_params: serde_json::Value,
+) -> GenerateRequest {
+    GenerateRequest {
+        prompt_ids: prompt.to_vec(),
+        max_tokens,
+        stop: Vec::new(),
+        params,
+        sampler: sampler.into(),
+        processors: processors.iter().map(|s| s.to_string()).collect(),
+        plugin_params,
+        top_logprobs: 2,
+    }
+}
+
+fn greedy() -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        ..Default::default()
+    }
+}
+
+const QUESTIONS: [&str; 6] = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write one sentence about the sea.",
+    "What is 2 + 2? Answer with a number and explain how you added the numbers together.",
+    "Say hello in Spanish.",
+    "List two fruits.",
+];
+
+/// The chat-templated prompt ids of `QUESTIONS[i]`.
+fn prompt(f: &Fixture, i: usize) -> Vec<u32> {
+    let template = f.model.template.as_ref().expect("a chat template");
+    let text = template
+        .render(
+            &[mlxhost::model::ChatMessage {
+                role: "user".into(),
+                content: QUESTIONS[i % QUESTIONS.len()].into(),
+            }],
+            true,
+        )
+        .expect("renders");
+    f.model.tokenizer.encode(&text).expect("encodes")
+}
+
+/// Mixed rows: prompts of different lengths, every kind of parameter.
+fn mixed_requests(f: &Fixture) -> Vec<GenerateRequest> {
+    let p = |i: usize| prompt(f, i);
+    let first_greedy = |i: usize| {
+        solo(
+            f,
+            &request(&p(i), 1, "standard", &[], greedy(), serde_json::json!({})),
+        )
+        .tokens[0]
+            .0
+    };
+    // Longer than one prefill chunk at the small budget, shorter than the context.
+    let long: Vec<u32> = (0..6).flat_map(p).collect();
+    vec![
+        request(&p(0), 12, "standard", &[], greedy(), serde_json::json!({})),
+        request(
+            &p(1),
+            20,
+            "standard",
+            &[],
+            SamplingParams {
+                temperature: 0.8,
+                top_p: 0.9,
+                seed: Some(7),
+                ..Default::default()
+            },
+            serde_json::json!({}),
+        ),
+        request(
+            &p(2),
+            16,
+            "standard",
+            &["repetition-penalty", "presence-penalty"],
+            SamplingParams {
+                temperature: 0.0,
+                repetition_penalty: 1.3,
+                presence_penalty: 0.5,
+                ..Default::default()
+            },
+            serde_json::json!({}),
+        ),
+        request(
+            &p(3),
+            10,
+            "standard",
+            &["logit-bias"],
+            SamplingParams {
+                temperature: 0.0,
+                logit_bias: vec![(first_greedy(3), -100.0)],
+                ..Default::default()
+            },
+            serde_json::json!({}),
+        ),
+        request(
+            &p(4),
+            18,
+            "mirostat",
+            &[],
+            SamplingParams {
+                temperature: 1.0,
+                seed: Some(11),
+                ..Default::default()
+            },
+            serde_json::json!({"mirostat": {"tau": 3.0}}),
+        ),
+        request(
+            &p(5),
+            14,
+            "standard",
+            &["dry"],
+            greedy(),
+            serde_json::json!({"dry": {"multiplier": 0.8}}),
+        ),
+        request(
+            &p(0),
+            8,
+            "standard",
+            &["ban-token"],
+            greedy(),
+            serde_json::json!({"ban-token": {"id": first_greedy(0)}}),
+        ),
+        request(&long, 9, "standard", &[], greedy(), serde_json::json!({})),
+    ]
+}
+
+/// Runs `reqs` through one scheduler: `joins[i]` is the step at which
+/// request `i` is submitted (rows join mid-batch). Returns each record.
+fn run(
+    f: &Fixture,
+    config: SchedulerConfig,
+    reqs: &[(GenerateRequest, usize, Option<usize>)],
+    mut caches: Option<&mut PrefixCache>,
+) -> Vec<Rc<RefCell<Record>>> {
+    let records: Vec<_> = reqs.iter().map(|_| Rc::default()).collect();
+    let mut scheduler = Scheduler::new(config);
+    let mut step = 0usize;
+    let mut submitted = 0;
+    while submitted < reqs.len() || !scheduler.is_idle() {
+        for (i, (req, join, cancel_after)) in reqs.iter().enumerate() {
+            if *join == step {
+                scheduler.submit(Pending {
+                    request: req.clone(),
+                    chain: ChainSource::Plugins(f.plugins.clone()),
+                    sink: Box::new(Sink {
+                        record: Rc::clone(&records[i]),
+                        cancel_after: *cancel_after,
+                    }),
+                });
+                submitted += 1;
+            }
+        }
+        scheduler.step(&f.model, caches.as_deref_mut());
+        step += 1;
+        assert!(step < 10_000, "the scheduler never drained");
+    }
+    records
+}
+
+fn solo(f: &Fixture, req: &GenerateRequest) -> Record {
+    let records = run(
+        f,
+        SchedulerConfig {
+            max_batch: 1,
+            ..Default::default()
+        },
+        &[(req.clone(), 0, None)],
+        None,
+    );
+    Rc::try_unwrap(records.into_iter().next().expect("one"))
+        .expect("sole owner")
+        .into_inner()
+}
+
+/// `semantics.md`'s "same": tokens equal until the first step whose top-2
+/// margin (of the solo run) is below twice the tolerance; logprobs within
+/// the tolerance up to there.
+fn assert_same(label: &str, batched: &Record, alone: &Record) {
+    for (s, (b, a)) in batched.tokens.iter().zip(&alone.tokens).enumerate() {
+        if a.2 < 2.0 * TOL {
+            return;
+        }
+        assert_eq!(b.0, a.0, "{label}: token {s} differs (batched vs alone)");
+        assert!(
+            (b.1 - a.1).abs() <= TOL,
+            "{label}: step {s} logprob {} vs {}",
+            b.1,
+            a.1
+        );
+    }
+    assert_eq!(
+        batched.tokens.len(),
+        alone.tokens.len(),
+        "{label}: lengths differ with no near-tie"
+    );
+    assert_eq!(batched.text, alone.text, "{label}: texts differ");
+}
+
+fn summary(r: &Record) -> &GenerateSummary {
+    match &r.result {
+        Some(Ok(s)) => s,
+        other => panic!("expected a summary, got {other:?}"),
+    }
+}
+
+#[test]
+fn batched_rows_equal_solo_rows_with_joins_leaves_cancel_and_failures() {
+    let f = fixture();
+    let reqs = mixed_requests(&f);
+    let alone: Vec<Record> = reqs.iter().map(|r| solo(&f, r)).collect();
+    for (i, a) in alone.iter().enumerate() {
+        assert!(!a.tokens.is_empty(), "request {i} generated nothing alone");
+        summary(a);
+    }
+    // Everything at once, then the same with staggered joins, a cancelled
+    // row, a trapping row and a bad-token row beside them.
+    let mut staggered: Vec<(GenerateRequest, usize, Option<usize>)> = reqs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.clone(), i * 3, None))
+        .collect();
+    let cancelled = staggered.len();
+    staggered.push((reqs[1].clone(), 2, Some(4)));
+    let trapping = staggered.len();
+    staggered.push((
+        request(
+            &prompt(&f, 2),
+            10,
+            "trap",
+            &[],
+            greedy(),
+            serde_json::json!({}),
+        ),
+        1,
+        None,
+    ));
+    let bad = staggered.len();
+    staggered.push((
+        request(
+            &prompt(&f, 3),
+            10,
+            "bad-token",
+            &[],
+            greedy(),
+            serde_json::json!({}),
+        ),
+        4,
+        None,
+    ));
+    let together: Vec<_> = reqs.iter().map(|r| (r.clone(), 0, None)).collect();
+    for (label, plan, batch, budget) in [
+        ("together", &together, 8, 256),
+        ("staggered, small budget", &staggered, 4, 16),
+    ] {
+        let config = SchedulerConfig {
+            max_batch: batch,
+            prefill_budget: budget,
+            ..Default::default()
+        };
+        let records = run(&f, config, plan, None);
+        for (i, a) in alone.iter().enumerate() {
+            assert_same(&format!("{label} row {i}"), &records[i].borrow(), a);
+            let s = summary(&records[i].borrow()).clone();
+            assert_eq!(s.finish_reason, summary(a).finish_reason, "{label} row {i}");
+            assert_eq!(s.prompt_tokens, reqs[i].prompt_ids.len());
+        }
+        if plan.len() > reqs.len() {
+            let c = records[cancelled].borrow();
+            assert_eq!(summary(&c).finish_reason, FinishReason::Cancelled);
+            assert_eq!(c.tokens.len(), 4, "cancelled after its fourth token");
+            assert_eq!(
+                c.tokens.iter().map(|t| t.0).collect::<Vec<_>>(),
+                alone[1].tokens[..4].iter().map(|t| t.0).collect::<Vec<_>>()
+            );
+            for (row, name) in [(trapping, "trap"), (bad, "bad-token")] {
+                let r = records[row].borrow();
+                match &r.result {
+                    Some(Err(e)) => assert!(e.contains(name), "{label}: {e}"),
+                    other => panic!("{label}: the {name} row should fail, got {other:?}"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn prompt_cache_hits_beside_misses_equal_cold_runs() {
+    let f = fixture();
+    let first = request(
+        &prompt(&f, 0),
+        6,
+        "standard",
+        &[],
+        greedy(),
+        serde_json::json!({}),
+    );
+    let mut caches = PrefixCache::new(PromptCache::new(1 << 30), None);
+    run(
+        &f,
+        SchedulerConfig::default(),
+        &[(first.clone(), 0, None)],
+        Some(&mut caches),
+    );
+    // The same conversation resent with more text (a hit), beside two
+    // requests the cache has never seen (misses).
+    let mut longer = prompt(&f, 0);
+    longer.extend_from_slice(&prompt(&f, 1));
+    let reqs = vec![
+        request(
+            &longer,
+            10,
+            "standard",
+            &[],
+            greedy(),
+            serde_json::json!({}),
+        ),
+        request(
+            &prompt(&f, 2),
+            10,
+            "standard",
+            &[],
+            greedy(),
+            serde_json::json!({}),
+        ),
+        request(
+            &prompt(&f, 3),
+            10,
+            "standard",
+            &[],
+            greedy(),
+            serde_json::json!({}),
+        ),
+    ];
+    let alone: Vec<Record> = reqs.iter().map(|r| solo(&f, r)).collect();
+    let plan: Vec<_> = reqs.iter().map(|r| (r.clone(), 0, None)).collect();
+    let records = run(&f, SchedulerConfig::default(), &plan, Some(&mut caches));
+    assert!(
+        summary(&records[0].borrow()).cached_tokens >= prompt(&f, 0).len() - 1,
+        "the resent conversation reuses its cached prefix"
+    );
+    for (i, a) in alone.iter().enumerate() {
+        assert_same(&format!("cache row {i}"), &records[i].borrow(), a);
+    }
+    // The misses share only a prefix (the chat template's system prompt, a
+    // few words) with the cached conversation, and reuse no more than that.
+    for (row, question) in [(1, 2), (2, 3)] {
+        let shared = prompt(&f, 0)
+            .iter()
+            .zip(&prompt(&f, question))
+            .take_while(|(a, b)| a == b)
+            .count();
+        let cached = summary(&records[row].borrow()).cached_tokens;
+        assert!(
+            cached <= shared,
+            "row {row} reused {cached} > {shared} shared tokens"
+        );
+    }
+}
