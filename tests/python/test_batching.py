@@ -45,7 +45,7 @@ def same_until_near_tie(a, b, tol=0.1):
 
 @pytest.fixture(scope="module")
 def batch_server(tmp_path_factory):
-    plugins = plugin_folder(tmp_path_factory.mktemp("p"), "standard", "openai", "repetition-penalty", "trap", "dry")
+    plugins = plugin_folder(tmp_path_factory.mktemp("p"), "standard", "openai", "repetition-penalty", "frequency-penalty", "trap", "dry")
     s = Server("--batch", "8", "--max-queue", "12", plugins=plugins)
     yield s
     s.stop()

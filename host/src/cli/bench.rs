@@ -1,6 +1,7 @@
 //! `mlxhost bench`: prefill throughput and per-token decode forward time of
 //! the model alone (no sampling), for comparing compute paths and peers.
-//! `benches/model_forward.sh` runs it beside mlx-lm on the same files.
+//! `benches/model_forward.sh` runs it beside mlx-lm on the same files;
+//! `--batch N` measures a batched decode step (N rows in one forward).
 
 use std::time::Instant;
 
@@ -23,6 +24,10 @@ pub struct BenchArgs {
     /// Repetitions of the prefill measurement; the median is reported.
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// Rows decoded together in each step (continuous batching's decode
+    /// step: one forward for all rows, each with its own cache).
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -51,33 +56,57 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     prefill.sort_by(f64::total_cmp);
     let prefill_s = prefill[prefill.len() / 2];
 
-    // Decode: feed the argmax back, one token per step, evaluating each step.
-    let mut cache = model.new_cache();
-    let logits = model.forward(&mut [RowInput {
-        tokens: &prompt,
-        cache: &mut cache,
-        logits_from: prompt.len() - 1,
-    }])?;
-    let mut next =
-        ops::indexing::argmax_axis(&logits[0], -1, None)?.as_dtype(mlx_rs::Dtype::Uint32)?;
-    eval([&next])?;
-    let mut times = Vec::new();
-    for step in 0..args.decode_tokens + 3 {
-        let token = next.as_slice::<u32>()[0];
-        let started = Instant::now();
+    // Decode: `batch` rows, each prefilled with the prompt (shifted per
+    // row), feed their argmax back one token per step; each step is one
+    // forward for all rows and one evaluation.
+    let batch = args.batch.max(1);
+    let mut caches: Vec<_> = (0..batch).map(|_| model.new_cache()).collect();
+    let mut next = Vec::with_capacity(batch);
+    for (r, cache) in caches.iter_mut().enumerate() {
+        let row_prompt: Vec<u32> = prompt.iter().map(|&t| (t + r as u32) % vocab).collect();
         let logits = model.forward(&mut [RowInput {
-            tokens: &[token],
-            cache: &mut cache,
-            logits_from: 0,
+            tokens: &row_prompt,
+            cache,
+            logits_from: row_prompt.len() - 1,
         }])?;
-        next = ops::indexing::argmax_axis(&logits[0], -1, None)?.as_dtype(mlx_rs::Dtype::Uint32)?;
-        let mut arrays = vec![&next];
+        let t =
+            ops::indexing::argmax_axis(&logits[0], -1, None)?.as_dtype(mlx_rs::Dtype::Uint32)?;
+        let mut arrays = vec![&t];
         arrays.extend(cache.arrays());
         eval(arrays)?;
+        next.push(t.as_slice::<u32>()[0]);
+    }
+    let mut times = Vec::new();
+    let mut build_times = Vec::new();
+    for step in 0..args.decode_tokens + 3 {
+        let started = Instant::now();
+        let tokens: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+        let mut rows: Vec<RowInput<'_>> = caches
+            .iter_mut()
+            .zip(&tokens)
+            .map(|(cache, t)| RowInput {
+                tokens: t,
+                cache,
+                logits_from: 0,
+            })
+            .collect();
+        let logits = model.forward(&mut rows)?;
+        drop(rows);
+        let stacked = ops::concatenate(&logits, 0)?;
+        let chosen =
+            ops::indexing::argmax_axis(&stacked, -1, None)?.as_dtype(mlx_rs::Dtype::Uint32)?;
+        let built = started.elapsed();
+        let mut arrays = vec![&chosen];
+        arrays.extend(caches.iter().flat_map(|c| c.arrays()));
+        eval(arrays)?;
+        next = chosen.as_slice::<u32>().to_vec();
         if step >= 3 {
             times.push(started.elapsed().as_secs_f64());
+            build_times.push(built.as_secs_f64());
         }
     }
+    build_times.sort_by(f64::total_cmp);
+    let build_ms = build_times[build_times.len() / 2] * 1e3;
     times.sort_by(f64::total_cmp);
     let decode_ms = times[times.len() / 2] * 1e3;
     let result = serde_json::json!({
@@ -87,8 +116,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "model": loaded.path,
         "prompt_tokens": args.prompt_tokens,
         "prefill_tok_s": args.prompt_tokens as f64 / prefill_s,
+        "batch": batch,
         "decode_ms_per_token": decode_ms,
         "decode_tok_s": 1e3 / decode_ms,
+        "decode_ms_per_step": decode_ms,
+        "decode_graph_build_ms": build_ms,
+        "decode_aggregate_tok_s": batch as f64 * 1e3 / decode_ms,
     });
     println!("{result}");
     Ok(())

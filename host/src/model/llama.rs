@@ -136,12 +136,22 @@ impl Llama {
                 .map(|_| Array::from_slice::<f32>(&[], &[0, vocab as i32]))
                 .collect());
         }
+        // Each token's position: its row's cache offset onward.
+        let positions: Vec<i32> = rows
+            .iter()
+            .zip(&lens)
+            .flat_map(|(row, &t)| {
+                let o = row.cache.offset() as i32;
+                o..o + t as i32
+            })
+            .collect();
+        let positions = Array::from_slice(&positions, &[positions.len() as i32]);
         let ids = Array::from_slice(&ids, &[ids.len() as i32]);
         let mut h = self.embed.lookup(&ids, self.dtype)?;
         let eps = self.config.rms_norm_eps;
         for (l, layer) in self.layers.iter().enumerate() {
             let x = fast::rms_norm(&h, Some(&layer.input_norm), eps)?;
-            let attn = self.attention(l, layer, &x, rows, &lens)?;
+            let attn = self.attention(l, layer, &x, rows, &lens, &positions)?;
             h = ops::add(&h, &layer.o_proj.forward(&attn)?)?;
             let x = fast::rms_norm(&h, Some(&layer.post_attention_norm), eps)?;
             let gu = layer.gate_up.forward(&x)?;
@@ -200,6 +210,13 @@ impl Llama {
     }
 
     /// Self-attention for all rows: `x: [N, H]` -> `[N, n_heads * D]`.
+    ///
+    /// Head split and RoPE run once for all N tokens of all rows: each token
+    /// is its own batch element `[N, heads, 1, D]` with its own position
+    /// (`rope` with an offsets array), so a decode row costs only its cache
+    /// update and its attention; MLX's CPU backend pays tens of microseconds
+    /// per op, which per-row head reshapes and RoPE multiplied by rows x
+    /// layers.
     fn attention(
         &self,
         l: usize,
@@ -207,31 +224,61 @@ impl Llama {
         x: &Array,
         rows: &mut [RowInput<'_>],
         lens: &[usize],
+        positions: &Array,
     ) -> Result<Array> {
+        let c = &self.config;
+        let d = c.head_dim() as i32;
+        let (nh, nkv) = (c.num_attention_heads as i32, c.num_key_value_heads as i32);
         let qkv = layer.qkv.forward(x)?;
-        let (q, k, v) = (&qkv[0], &qkv[1], &qkv[2]);
-        if rows.len() == 1 {
-            return self.attend_row(l, q, k, v, rows[0].cache);
-        }
+        let n = qkv[0].shape()[0];
+        // Half-split (non-traditional) RoPE at each token's own position.
+        let rope = |a: &Array, heads: i32| {
+            fast::rope_dynamic(
+                a.reshape(&[n, heads, 1, d])?,
+                d,
+                false,
+                c.rope_theta,
+                1.0,
+                positions,
+                None,
+            )
+        };
+        let q = rope(&qkv[0], nh)?;
+        let k = rope(&qkv[1], nkv)?;
+        let v = qkv[2].reshape(&[n, nkv, 1, d])?;
         let mut outs = Vec::with_capacity(rows.len());
         let mut start = 0i32;
         for (row, &t) in rows.iter_mut().zip(lens) {
             let end = start + t as i32;
             if t > 0 {
+                let part = |a: &Array, heads: i32| -> Result<Array> {
+                    let a = a.index(start..end);
+                    if t == 1 {
+                        return Ok(a);
+                    }
+                    // [T, heads, 1, D] -> [1, heads, T, D]
+                    Ok(a.reshape(&[t as i32, heads, d])?
+                        .transpose_axes(&[1, 0, 2])?
+                        .reshape(&[1, heads, t as i32, d])?)
+                };
                 outs.push(self.attend_row(
                     l,
-                    &q.index(start..end),
-                    &k.index(start..end),
-                    &v.index(start..end),
+                    &part(&q, nh)?,
+                    &part(&k, nkv)?,
+                    &part(&v, nkv)?,
                     row.cache,
                 )?);
             }
             start = end;
         }
+        if outs.len() == 1 {
+            return Ok(outs.remove(0));
+        }
         Ok(ops::concatenate(&outs, 0)?)
     }
 
-    /// One row: `q: [T, n_heads*D]`, `k`/`v: [T, n_kv*D]` -> `[T, n_heads*D]`.
+    /// One row: `q: [1, n_heads, T, D]`, `k`/`v: [1, n_kv, T, D]` (RoPE
+    /// applied) -> `[T, n_heads * D]`, attending over the row's cache.
     fn attend_row(
         &self,
         l: usize,
@@ -242,23 +289,17 @@ impl Llama {
     ) -> Result<Array> {
         let c = &self.config;
         let d = c.head_dim() as i32;
-        let t = q.shape()[0];
-        let heads = |a: &Array, n: usize| -> Result<Array> {
-            Ok(a.reshape(&[1, t, n as i32, d])?
-                .transpose_axes(&[0, 2, 1, 3])?)
-        };
-        let offset = cache.offset() as i32;
-        // Half-split (non-traditional) RoPE at this row's position.
-        let rope = |x: Array| fast::rope(x, d, false, c.rope_theta, 1.0, offset, None);
-        let q = rope(heads(q, c.num_attention_heads)?)?;
-        let k = rope(heads(k, c.num_key_value_heads)?)?;
-        let v = heads(v, c.num_key_value_heads)?;
-        let (keys, values) = cache.update(l, &k, &v)?;
+        let t = q.shape()[2];
+        let (keys, values) = cache.update(l, k, v)?;
         let scale = 1.0 / (d as f32).sqrt();
         let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
-        let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None)?;
-        Ok(o.transpose_axes(&[0, 2, 1, 3])?
-            .reshape(&[t, c.num_attention_heads as i32 * d])?)
+        let o = fast::scaled_dot_product_attention(q, &keys, &values, scale, mask, None)?;
+        let o = if t == 1 {
+            o
+        } else {
+            o.transpose_axes(&[0, 2, 1, 3])?
+        };
+        Ok(o.reshape(&[t, c.num_attention_heads as i32 * d])?)
     }
 
     /// A fresh cache for one row.
