@@ -97,6 +97,25 @@ fn main() {
             .warnings(false)
             .compile("mlxsys_half");
     }
+    // mlxhost's own MLX primitives (CPU kernels), always optimized: a debug
+    // build of the host must not make the decode step's attention slow.
+    let mut kernels = cc::Build::new();
+    kernels
+        .cpp(true)
+        .std("c++20")
+        .file(native.join("decode_attention.cpp"))
+        .include(&mlx_c_root)
+        .include(mlx_dir.join("include"))
+        .opt_level(3)
+        .flag_if_supported("-fno-math-errno")
+        .warnings(false);
+    if target_os == "linux" {
+        kernels.flag(format!(
+            "-include{}",
+            native.join("format_compat.h").display()
+        ));
+    }
+    kernels.compile("mlxhost_kernels");
 
     println!("cargo:rustc-link-search=native={}", mlx_lib.display());
     println!("cargo:rustc-link-lib=dylib=mlx");

@@ -407,7 +407,7 @@ fn prompt_cache_hits_beside_misses_equal_cold_runs() {
     // requests the cache has never seen (misses).
     let mut longer = prompt(&f, 0);
     longer.extend_from_slice(&prompt(&f, 1));
-    let reqs = vec![
+    let reqs = [
         request(
             &longer,
             10,

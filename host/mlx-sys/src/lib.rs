@@ -30,3 +30,21 @@ pub extern "C" fn mach_approximate_time() -> u64 {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
 }
+
+extern "C" {
+    /// mlxhost's batched decode attention over ragged per-row KV caches
+    /// (`native/decode_attention.cpp`, CPU only): builds one lazy MLX op that
+    /// attends row r's query over positions `[0, positions[r]]` of its own
+    /// cache buffers (`keys[r]`, `values[r]`, read only). `out` (an
+    /// initialised `mlx_array`) gets `[R, H, 1, D]`. Returns 0, or 1 after
+    /// reporting the error through mlx-c's error handler.
+    pub fn mlxhost_decode_attention(
+        out: *mut mlx_array,
+        q: mlx_array,
+        keys: *const mlx_array,
+        values: *const mlx_array,
+        positions: *const ::std::os::raw::c_int,
+        rows: ::std::os::raw::c_int,
+        scale: f32,
+    ) -> ::std::os::raw::c_int;
+}

@@ -97,6 +97,35 @@ impl KvCache {
         ))
     }
 
+    /// Makes `layer`'s buffers hold at least `end` positions (allocating
+    /// them shaped like `like: [1, H_kv, _, D]` on first use) and takes them
+    /// out of the cache, for an op that writes them and hands back new ones
+    /// ([`KvCache::put_layer`]).
+    pub fn take_layer(&mut self, layer: usize, end: usize, like: &Array) -> Result<(Array, Array)> {
+        let slot = &mut self.layers[layer];
+        let capacity = slot
+            .keys
+            .as_ref()
+            .map(|k| k.shape()[2] as usize)
+            .unwrap_or(0);
+        if end > capacity {
+            let new_cap = end.div_ceil(Self::STEP) * Self::STEP;
+            slot.keys = Some(grow(slot.keys.take(), like, self.offset, new_cap)?);
+            slot.values = Some(grow(slot.values.take(), like, self.offset, new_cap)?);
+        }
+        match (slot.keys.take(), slot.values.take()) {
+            (Some(k), Some(v)) => Ok((k, v)),
+            _ => unreachable!("buffers allocated above"),
+        }
+    }
+
+    /// Puts back `layer`'s buffers taken with [`KvCache::take_layer`].
+    pub fn put_layer(&mut self, layer: usize, keys: Array, values: Array) {
+        let slot = &mut self.layers[layer];
+        slot.keys = Some(keys);
+        slot.values = Some(values);
+    }
+
     /// Marks `t` more positions valid (after every layer got its update).
     pub fn advance(&mut self, t: usize) {
         self.offset += t;

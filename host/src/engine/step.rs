@@ -197,6 +197,10 @@ fn choose(
     Ok((token, out.final_logits.as_dtype(Dtype::Float32)?))
 }
 
+/// What one chosen row read back: `(id, raw logprob, sampled logprob, top
+/// alternatives)`.
+type RowRead = (u32, f32, f32, Vec<(u32, f32)>);
+
 /// One evaluation for every chosen row (tokens, both log-probabilities,
 /// the top alternatives) plus every fed row's cache, then one read-back of
 /// each result. Returns per chosen row `(id, raw logprob, sampled logprob,
@@ -205,7 +209,7 @@ fn evaluate(
     chosen: &[Chose],
     seqs: &[Sequence<'_>],
     members: &[(usize, usize, bool)],
-) -> Result<Vec<(u32, f32, f32, Vec<(u32, f32)>)>, GenerateError> {
+) -> Result<Vec<RowRead>, GenerateError> {
     let stack =
         |arrays: Vec<&Array>| -> Result<Array, GenerateError> { Ok(ops::stack(&arrays, 0)?) };
     let tokens = ops::concatenate(&chosen.iter().map(|c| &c.token).collect::<Vec<_>>(), 0)?;

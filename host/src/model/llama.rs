@@ -11,7 +11,7 @@
 
 use mlx_rs::{
     fast::{self, ScaledDotProductAttentionMask},
-    ops::{self, indexing::IndexOp},
+    ops::{self, indexing::IndexOp, indexing::TryIndexMutOp},
     Array, Dtype,
 };
 
@@ -246,11 +246,23 @@ impl Llama {
         let q = rope(&qkv[0], nh)?;
         let k = rope(&qkv[1], nkv)?;
         let v = qkv[2].reshape(&[n, nkv, 1, d])?;
+        // Rows decoding one token go through one batched op (CPU backend).
+        let decode: Vec<bool> = lens
+            .iter()
+            .map(|&t| t == 1 && super::decode_attention::enabled())
+            .collect();
+        let decoded = self.attend_decode_rows(l, &q, &k, &v, rows, lens, &decode)?;
+        let mut decoded_rows = 0i32;
         let mut outs = Vec::with_capacity(rows.len());
         let mut start = 0i32;
-        for (row, &t) in rows.iter_mut().zip(lens) {
+        for ((row, &t), &batched) in rows.iter_mut().zip(lens).zip(&decode) {
             let end = start + t as i32;
-            if t > 0 {
+            if batched {
+                if let Some(all) = &decoded {
+                    outs.push(all.index(decoded_rows..decoded_rows + 1));
+                }
+                decoded_rows += 1;
+            } else if t > 0 {
                 let part = |a: &Array, heads: i32| -> Result<Array> {
                     let a = a.index(start..end);
                     if t == 1 {
@@ -271,10 +283,74 @@ impl Llama {
             }
             start = end;
         }
+        // Every row decoded: the batched output is already in row order.
+        if let (Some(all), true) = (&decoded, decoded_rows as usize == rows.len()) {
+            return Ok(all.clone());
+        }
         if outs.len() == 1 {
             return Ok(outs.remove(0));
         }
         Ok(ops::concatenate(&outs, 0)?)
+    }
+
+    /// The batched decode op over the rows flagged in `decode` (see
+    /// `model::decode_attention`): `[R, n_heads * D]` in row order, `None`
+    /// when no row is flagged. Updates those rows' caches.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_decode_rows(
+        &self,
+        l: usize,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        rows: &mut [RowInput<'_>],
+        lens: &[usize],
+        decode: &[bool],
+    ) -> Result<Option<Array>> {
+        let c = &self.config;
+        let d = c.head_dim() as i32;
+        let mut token_index = Vec::new();
+        let mut start = 0i32;
+        for (&t, &b) in lens.iter().zip(decode) {
+            if b {
+                token_index.push(start);
+            }
+            start += t as i32;
+        }
+        if token_index.is_empty() {
+            return Ok(None);
+        }
+        let all_rows = token_index.len() == lens.len();
+        let pick = |a: &Array| -> Result<Array> {
+            if all_rows {
+                return Ok(a.clone());
+            }
+            let idx = Array::from_slice(&token_index, &[token_index.len() as i32]);
+            Ok(a.take_axis(&idx, 0)?)
+        };
+        let (qd, kd, vd) = (pick(q)?, pick(k)?, pick(v)?);
+        let like = kd.index(0..1);
+        let mut caches = Vec::with_capacity(token_index.len());
+        let mut positions = Vec::with_capacity(token_index.len());
+        for (j, (row, _)) in rows.iter_mut().zip(decode).filter(|(_, &b)| b).enumerate() {
+            let j = j as i32;
+            let pos = row.cache.offset() as i32;
+            let (mut kb, mut vb) = row.cache.take_layer(l, pos as usize + 1, &like)?;
+            // The new token's key and value (in place unless shared).
+            kb.try_index_mut((.., .., pos..pos + 1, ..), kd.index(j..j + 1))?;
+            vb.try_index_mut((.., .., pos..pos + 1, ..), vd.index(j..j + 1))?;
+            caches.push((kb, vb));
+            positions.push(pos);
+        }
+        let scale = 1.0 / (d as f32).sqrt();
+        let out = super::decode_attention::decode_attention(&qd, &caches, &positions, scale)?;
+        for ((row, _), (kb, vb)) in rows.iter_mut().zip(decode).filter(|(_, &b)| b).zip(caches) {
+            row.cache.put_layer(l, kb, vb);
+        }
+        Ok(Some(out.reshape(&[
+            token_index.len() as i32,
+            c.num_attention_heads as i32 * d,
+        ])?))
     }
 
     /// One row: `q: [1, n_heads, T, D]`, `k`/`v: [1, n_kv, T, D]` (RoPE

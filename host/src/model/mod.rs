@@ -4,6 +4,7 @@
 pub mod chat_template;
 pub mod config;
 pub mod convert;
+pub mod decode_attention;
 pub mod error;
 pub mod fingerprint;
 pub mod gguf;
