@@ -9,7 +9,8 @@ first content chunk)), TTFT (send -> first content chunk) median and p95, and, f
 plugin share of a step at each batch size from its /stats. Standard library only.
 
 Usage: python concurrency.py NAME=URL [NAME=URL ...]
-Env: LEVELS (default "1 2 4 8 16"), MAX_TOKENS (64), ROUNDS (rounds per level, 1).
+Env: LEVELS (default "1 2 4 8 16"), MAX_TOKENS (64), ROUNDS (rounds per level, 1), TEMPERATURE
+(0: greedy), TOP_P (1.0), SEED (per-request seed base, for sampled runs).
 Prints one JSON line per (server, level), then a table and the ratios of the first server.
 """
 import json
@@ -26,6 +27,9 @@ from http_bench import STORY, stream_chat  # noqa: E402
 LEVELS = [int(x) for x in os.environ.get("LEVELS", "1 2 4 8 16").split()]
 MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "64"))
 ROUNDS = int(os.environ.get("ROUNDS", "1"))
+TEMPERATURE = float(os.environ.get("TEMPERATURE", "0"))
+TOP_P = float(os.environ.get("TOP_P", "1.0"))
+SEED = int(os.environ.get("SEED", "1"))
 TOPICS = ["a lighthouse keeper", "a baker", "a sailor", "a clockmaker", "a gardener", "a pilot",
           "a librarian", "a blacksmith"]
 counter = [0]
@@ -38,7 +42,9 @@ def body(i):
         "messages": [{"role": "user", "content": f"Request {counter[0]}. Write a short story about "
                       f"{TOPICS[i % len(TOPICS)]}."}],
         "max_tokens": MAX_TOKENS,
-        "temperature": 0,
+        "temperature": TEMPERATURE,
+        "top_p": TOP_P,
+        "seed": SEED + counter[0],
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -54,9 +60,15 @@ def level(url, c):
     out = [None] * c
     t0 = time.perf_counter()
 
+    errors = []
+
     def run(i):
         s = time.perf_counter()
-        first, last, usage, chunks = stream_chat(url, bodies[i])
+        try:
+            first, last, usage, chunks = stream_chat(url, bodies[i])
+        except Exception as e:  # a peer that drops connections under load: counted, not fatal
+            errors.append(repr(e))
+            return
         out[i] = (s - t0, first, last, usage["completion_tokens"] if usage else chunks)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(c)]
@@ -65,12 +77,14 @@ def level(url, c):
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    if any(o is None for o in out):
-        raise RuntimeError(f"{url}: a request failed at concurrency {c}")
+    if errors:
+        print(f"# {url}: {len(errors)} of {c} requests failed at concurrency {c}: {errors[0]}",
+              file=sys.stderr)
+    out = [o for o in out if o is not None]
     tokens = sum(o[3] for o in out)
     ttfts = [o[1] for o in out if o[1] is not None]
     decodes = [(o[3] - 1) / (o[2] - o[1]) for o in out if o[1] is not None and o[2] > o[1]]
-    return {"tokens": tokens, "wall_s": wall, "ttfts": ttfts, "decodes": decodes}
+    return {"tokens": tokens, "wall_s": wall, "ttfts": ttfts, "decodes": decodes, "failed": len(errors)}
 
 
 def plugin_share(url):
@@ -97,7 +111,7 @@ def main():
                 "server": name, "concurrency": c, "aggregate_tok_s": tokens / wall,
                 "decode_tok_s_median": statistics.median(decodes) if decodes else float("nan"),
                 "ttft_s_median": statistics.median(ttfts), "ttft_s_p95": p95(ttfts),
-                "completion_tokens": tokens,
+                "completion_tokens": tokens, "failed_requests": sum(r["failed"] for r in runs),
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
