@@ -11,16 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/side_by_side.sh
-./scripts/build-plugins.sh
-LOGS=$(mktemp -d); PIDS=()
-trap 'kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$LOGS"' EXIT
-wait_up() {  # $1 = url, $2 = log
-  for _ in $(seq 600); do
-    curl -sf "$1" >/dev/null 2>&1 && return 0
-    sleep 0.5
-  done
-  echo "server at $1 did not come up:" >&2; tail -20 "$2" >&2; exit 1
-}
+. benches/servers.sh
 # shellcheck disable=SC2086
 "$BIN" serve --model "$MLX_DIR" --plugins plugins --port 18080 ${MLXHOST_ARGS:-} 2>"$LOGS/mlxhost.log" & PIDS+=($!)
 LD_PRELOAD="$OPENBLAS" "$VENV/bin/python" benches/mlx_lm_server.py --float32 --model "$MLX_DIR" --port 18081 \

@@ -10,7 +10,7 @@ plugin share of a step at each batch size from its /stats. Standard library only
 
 Usage: python concurrency.py NAME=URL [NAME=URL ...]
 Env: LEVELS (default "1 2 4 8 16"), MAX_TOKENS (64), ROUNDS (rounds per level, 1), TEMPERATURE
-(0: greedy), TOP_P (1.0), SEED (per-request seed base, for sampled runs).
+(0: greedy), TOP_P (1.0), SEED (per-request seed base, sent only when TEMPERATURE > 0).
 Prints one JSON line per (server, level), then a table and the ratios of the first server.
 """
 import json
@@ -37,17 +37,21 @@ counter = [0]
 
 def body(i):
     counter[0] += 1
-    return {
+    b = {
         "model": "default_model",
         "messages": [{"role": "user", "content": f"Request {counter[0]}. Write a short story about "
                       f"{TOPICS[i % len(TOPICS)]}."}],
         "max_tokens": MAX_TOKENS,
         "temperature": TEMPERATURE,
         "top_p": TOP_P,
-        "seed": SEED + counter[0],
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    # Seeds only for sampled runs: mlx_lm.server batches only requests whose sampling settings
+    # agree, and a per-request seed made it serve them one at a time (measured).
+    if TEMPERATURE > 0:
+        b["seed"] = SEED + counter[0]
+    return b
 
 
 def p95(xs):

@@ -407,32 +407,8 @@ fn prompt_cache_hits_beside_misses_equal_cold_runs() {
     // requests the cache has never seen (misses).
     let mut longer = prompt(&f, 0);
     longer.extend_from_slice(&prompt(&f, 1));
-    let reqs = [
-        request(
-            &longer,
-            10,
-            "standard",
-            &[],
-            greedy(),
-            serde_json::json!({}),
-        ),
-        request(
-            &prompt(&f, 2),
-            10,
-            "standard",
-            &[],
-            greedy(),
-            serde_json::json!({}),
-        ),
-        request(
-            &prompt(&f, 3),
-            10,
-            "standard",
-            &[],
-            greedy(),
-            serde_json::json!({}),
-        ),
-    ];
+    let reqs = [longer, prompt(&f, 2), prompt(&f, 3)]
+        .map(|p| request(&p, 10, "standard", &[], greedy(), serde_json::json!({})));
     let alone: Vec<Record> = reqs.iter().map(|r| solo(&f, r)).collect();
     let plan: Vec<_> = reqs.iter().map(|r| (r.clone(), 0, None)).collect();
     let records = run(&f, SchedulerConfig::default(), &plan, Some(&mut caches));
@@ -442,6 +418,26 @@ fn prompt_cache_hits_beside_misses_equal_cold_runs() {
     );
     for (i, a) in alone.iter().enumerate() {
         assert_same(&format!("cache row {i}"), &records[i].borrow(), a);
+    }
+    // The rows that reused the entry wrote their own copies: the entry
+    // still gives the cold run's tokens (two rows reuse it at once).
+    let again = run(
+        &f,
+        SchedulerConfig::default(),
+        &[(first.clone(), 0, None), (first.clone(), 0, None)],
+        Some(&mut caches),
+    );
+    let cold = solo(&f, &first);
+    for r in &again {
+        assert!(
+            summary(&r.borrow()).cached_tokens > 0,
+            "the entry is reused"
+        );
+        assert_same(
+            "entry reused after batched rows wrote past it",
+            &r.borrow(),
+            &cold,
+        );
     }
     // The misses share only a prefix (the chat template's system prompt, a
     // few words) with the cached conversation, and reuse no more than that.

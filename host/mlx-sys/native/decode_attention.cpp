@@ -6,17 +6,22 @@
 // microseconds per op, and the per-row path (two `slice_update`s and one
 // `scaled_dot_product_attention` per row per layer, the SDPA itself several
 // ops on the CPU) made a 16-row decode step spend more time in op overhead
-// than in the weights' matrix products. This primitive computes, for every
-// row in one op, softmax(q K^T * scale) V over positions `[0, pos]` of the
-// row's own (already updated) cache, with grouped-query heads (query head h
-// reads KV head h / (H / H_kv)). The caches are only read: the new key and
-// value are written by MLX's own `slice_update` (which writes in place only
-// when no one else holds the buffer, e.g. the prompt cache).
+// than in the weights' matrix products. This primitive does, for every row
+// in one op: write the row's new key and value at `pos` into the row's cache
+// buffer, in place, then softmax(q K^T * scale) V over positions `[0, pos]`,
+// with grouped-query heads (query head h reads KV head h / (H / H_kv)).
 //
-// Inputs:  q [R, H, 1, D] (any strides), then K_0, V_0, ..., K_{R-1},
-//          V_{R-1} [1, H_kv, cap_i, D] (any strides, cap_i > pos_i);
-//          float32, float16 or bfloat16, all the same dtype.
-// Output:  [R, H, 1, D] (q's dtype).
+// Precondition (the host's, `cache::kv`): a decoding row owns its cache
+// buffers exclusively (nothing else, e.g. the prompt cache, holds them), so
+// writing in place is invisible to anyone else. MLX's `is_donatable` cannot
+// say so here: every output of a multi-output op holds the op's inputs.
+//
+// Inputs:  q [R, H, 1, D], k [R, H_kv, 1, D], v [R, H_kv, 1, D] (any
+//          strides), then K_0, V_0, ..., K_{R-1}, V_{R-1} [1, H_kv, cap_i, D]
+//          (row-contiguous, cap_i > pos_i); float32, float16 or bfloat16,
+//          all the same dtype.
+// Outputs: [R, H, 1, D] (q's dtype), then K'_0, V'_0, ...: the cache buffers
+//          (the same storage) holding the new keys and values.
 // CPU only: on a GPU stream the host never builds this op (eval_gpu throws).
 
 #include <algorithm>
@@ -67,19 +72,35 @@ inline float dot(const float* a, const float* b, int n) {
 }
 
 template <typename T>
-void run(const std::vector<mx::array>& inputs, mx::array& out, const std::vector<int>& positions, float scale) {
+void run(
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs,
+    const std::vector<int>& positions,
+    float scale) {
   const auto& q = inputs[0];
+  const auto& k = inputs[1];
+  const auto& v = inputs[2];
   const int rows = q.shape(0), heads = q.shape(1), dim = q.shape(3);
-  T* o = out.data<T>();
+  T* o = outputs[0].data<T>();
   std::vector<float> qrow(dim), acc(dim), keyf, valf, scores;
   for (int r = 0; r < rows; r++) {
-    const int len = positions[r] + 1;
-    const auto& kc = inputs[1 + 2 * r];
-    const auto& vc = inputs[2 + 2 * r];
+    const int pos = positions[r];
+    const int len = pos + 1;
+    auto& kc = outputs[1 + 2 * r];
+    auto& vc = outputs[2 + 2 * r];
     const int kv_heads = kc.shape(1);
     const int group = heads / kv_heads;
-    const T* kd = kc.data<T>();
-    const T* vd = vc.data<T>();
+    const int cap = kc.shape(2);
+    T* kw = kc.data<T>();
+    T* vw = vc.data<T>();
+    // The new key and value at `pos` (buffers are row-contiguous).
+    for (int h = 0; h < kv_heads; h++)
+      for (int d = 0; d < dim; d++) {
+        store(&kw[(int64_t(h) * cap + pos) * dim + d], at(k.data<T>(), k.strides(), r, h, 0, d));
+        store(&vw[(int64_t(h) * cap + pos) * dim + d], at(v.data<T>(), v.strides(), r, h, 0, d));
+      }
+    const T* kd = kw;
+    const T* vd = vw;
     const auto& ks = kc.strides();
     const auto& vs = vc.strides();
     keyf.resize(size_t(len) * dim);
@@ -126,25 +147,32 @@ class DecodeAttention : public mx::Primitive {
       : mx::Primitive(s), positions_(std::move(positions)), scale_(scale) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    // Allocated here, synchronously, as MLX's own CPU ops do (later ops'
-    // eval reads the buffer before this op's task has run).
-    auto& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
+    // Buffers are set here, synchronously, as MLX's own CPU ops do (later
+    // ops' eval reads them before this op's task has run). The caches are
+    // written in place (see the precondition above).
+    for (size_t i = 3; i < inputs.size(); i++) {
+      if (!inputs[i].flags().row_contiguous)
+        throw std::runtime_error("decode attention: a cache buffer is not row-contiguous");
+    }
+    outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
+    for (size_t i = 1; i < outputs.size(); i++)
+      outputs[i].copy_shared_buffer(inputs[i + 2]);
     auto& enc = mx::cpu::get_command_encoder(stream());
     for (const auto& a : inputs)
       enc.set_input_array(a);
-    enc.set_output_array(out);
+    for (auto& a : outputs)
+      enc.set_output_array(a);
     // The task holds the arrays (by value) until it has run.
-    enc.dispatch([inputs, out, positions = positions_, scale = scale_]() mutable {
+    enc.dispatch([inputs, outputs, positions = positions_, scale = scale_]() mutable {
       switch (inputs[0].dtype()) {
         case mx::float16:
-          run<mx::float16_t>(inputs, out, positions, scale);
+          run<mx::float16_t>(inputs, outputs, positions, scale);
           break;
         case mx::bfloat16:
-          run<mx::bfloat16_t>(inputs, out, positions, scale);
+          run<mx::bfloat16_t>(inputs, outputs, positions, scale);
           break;
         default:
-          run<float>(inputs, out, positions, scale);
+          run<float>(inputs, outputs, positions, scale);
       }
     });
   }
@@ -164,11 +192,17 @@ class DecodeAttention : public mx::Primitive {
 
 } // namespace
 
-// Builds the op (lazily, nothing is evaluated): `out` gets [R, H, 1, D].
-// Returns 0, or 1 with the error reported through mlx-c's error handler.
+// Builds the op (lazily, nothing is evaluated). `out` gets [R, H, 1, D];
+// `new_keys[r]` / `new_values[r]` get row r's cache buffers after the write
+// (each an initialised mlx_array, overwritten). Returns 0, or 1 with the
+// error reported through mlx-c's error handler.
 extern "C" int mlxhost_decode_attention(
     mlx_array* out,
+    mlx_array* new_keys,
+    mlx_array* new_values,
     const mlx_array q,
+    const mlx_array k,
+    const mlx_array v,
     const mlx_array* keys,
     const mlx_array* values,
     const int* positions,
@@ -176,25 +210,40 @@ extern "C" int mlxhost_decode_attention(
     float scale) {
   try {
     const auto& qa = mlx_array_get_(q);
-    if (qa.ndim() != 4 || qa.shape(0) != rows || qa.shape(2) != 1) {
-      throw std::invalid_argument("decode attention: q must be [R, H, 1, D]");
+    const auto& ka = mlx_array_get_(k);
+    const auto& va = mlx_array_get_(v);
+    if (qa.ndim() != 4 || ka.ndim() != 4 || va.ndim() != 4 || qa.shape(0) != rows ||
+        ka.shape(0) != rows || va.shape(0) != rows || qa.shape(2) != 1 || ka.shape(1) == 0 ||
+        qa.shape(1) % ka.shape(1) != 0 || ka.dtype() != qa.dtype() || va.dtype() != qa.dtype()) {
+      throw std::invalid_argument("decode attention: q/k/v must be [R, H, 1, D] with H % H_kv == 0");
     }
-    std::vector<mx::array> inputs = {qa};
+    std::vector<mx::array> inputs = {qa, ka, va};
+    std::vector<mx::Shape> shapes = {qa.shape()};
+    std::vector<mx::Dtype> dtypes = {qa.dtype()};
     std::vector<int> pos(positions, positions + rows);
     for (int r = 0; r < rows; r++) {
       const auto& kc = mlx_array_get_(keys[r]);
       const auto& vc = mlx_array_get_(values[r]);
-      if (kc.ndim() != 4 || kc.shape() != vc.shape() || kc.shape(1) == 0 ||
-          qa.shape(1) % kc.shape(1) != 0 || kc.shape(3) != qa.shape(3) || pos[r] < 0 ||
-          pos[r] >= kc.shape(2) || kc.dtype() != qa.dtype() || vc.dtype() != qa.dtype()) {
+      if (kc.ndim() != 4 || kc.shape() != vc.shape() || kc.shape(1) != ka.shape(1) ||
+          kc.shape(3) != qa.shape(3) || pos[r] < 0 || pos[r] >= kc.shape(2) ||
+          kc.dtype() != qa.dtype() || vc.dtype() != qa.dtype()) {
         throw std::invalid_argument("decode attention: a cache buffer does not fit its row");
       }
       inputs.push_back(kc);
       inputs.push_back(vc);
+      shapes.push_back(kc.shape());
+      shapes.push_back(vc.shape());
+      dtypes.push_back(kc.dtype());
+      dtypes.push_back(vc.dtype());
     }
     auto stream = mx::default_stream(mx::Device::cpu);
     auto prim = std::make_shared<DecodeAttention>(stream, std::move(pos), scale);
-    mlx_array_set_(*out, mx::array(qa.shape(), qa.dtype(), prim, std::move(inputs)));
+    auto outs = mx::array::make_arrays(std::move(shapes), dtypes, prim, inputs);
+    mlx_array_set_(*out, outs[0]);
+    for (int r = 0; r < rows; r++) {
+      mlx_array_set_(new_keys[r], outs[1 + 2 * r]);
+      mlx_array_set_(new_values[r], outs[2 + 2 * r]);
+    }
   } catch (std::exception& e) {
     mlx_error(e.what());
     return 1;

@@ -34,13 +34,19 @@ pub extern "C" fn mach_approximate_time() -> u64 {
 extern "C" {
     /// mlxhost's batched decode attention over ragged per-row KV caches
     /// (`native/decode_attention.cpp`, CPU only): builds one lazy MLX op that
-    /// attends row r's query over positions `[0, positions[r]]` of its own
-    /// cache buffers (`keys[r]`, `values[r]`, read only). `out` (an
-    /// initialised `mlx_array`) gets `[R, H, 1, D]`. Returns 0, or 1 after
-    /// reporting the error through mlx-c's error handler.
+    /// writes row r's new key/value at `positions[r]` into its cache buffers
+    /// **in place** (the caller guarantees the row owns them exclusively) and
+    /// attends over `[0, positions[r]]`. `out` gets `[R, H, 1, D]`;
+    /// `new_keys[r]` / `new_values[r]` (arrays of `rows` initialised
+    /// `mlx_array`s) get the written buffers. Returns 0, or 1 after reporting
+    /// the error through mlx-c's error handler.
     pub fn mlxhost_decode_attention(
         out: *mut mlx_array,
+        new_keys: *mut mlx_array,
+        new_values: *mut mlx_array,
         q: mlx_array,
+        k: mlx_array,
+        v: mlx_array,
         keys: *const mlx_array,
         values: *const mlx_array,
         positions: *const ::std::os::raw::c_int,

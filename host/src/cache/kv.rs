@@ -73,20 +73,11 @@ impl KvCache {
         let t = keys.shape()[2] as usize;
         let start = self.offset;
         let end = start + t;
+        self.reserve(layer, end, keys)?;
         let slot = &mut self.layers[layer];
-        let capacity = slot
-            .keys
-            .as_ref()
-            .map(|k| k.shape()[2] as usize)
-            .unwrap_or(0);
-        if end > capacity {
-            let new_cap = end.div_ceil(Self::STEP) * Self::STEP;
-            slot.keys = Some(grow(slot.keys.take(), keys, start, new_cap)?);
-            slot.values = Some(grow(slot.values.take(), values, start, new_cap)?);
-        }
         let (k_buf, v_buf) = match (slot.keys.as_mut(), slot.values.as_mut()) {
             (Some(k), Some(v)) => (k, v),
-            _ => unreachable!("buffers allocated above"),
+            _ => unreachable!("buffers allocated by reserve"),
         };
         let (s, e) = (start as i32, end as i32);
         k_buf.try_index_mut((.., .., s..e, ..), keys)?;
@@ -102,6 +93,19 @@ impl KvCache {
     /// out of the cache, for an op that writes them and hands back new ones
     /// ([`KvCache::put_layer`]).
     pub fn take_layer(&mut self, layer: usize, end: usize, like: &Array) -> Result<(Array, Array)> {
+        self.reserve(layer, end, like)?;
+        let slot = &mut self.layers[layer];
+        match (slot.keys.take(), slot.values.take()) {
+            (Some(k), Some(v)) => Ok((k, v)),
+            _ => unreachable!("buffers allocated by reserve"),
+        }
+    }
+
+    /// Grows `layer`'s buffers (in [`KvCache::STEP`] steps, keeping the
+    /// valid positions) until they hold `end` positions; first use
+    /// allocates them shaped like `like: [1, H_kv, _, D]`.
+    fn reserve(&mut self, layer: usize, end: usize, like: &Array) -> Result<()> {
+        let valid = self.offset;
         let slot = &mut self.layers[layer];
         let capacity = slot
             .keys
@@ -110,13 +114,25 @@ impl KvCache {
             .unwrap_or(0);
         if end > capacity {
             let new_cap = end.div_ceil(Self::STEP) * Self::STEP;
-            slot.keys = Some(grow(slot.keys.take(), like, self.offset, new_cap)?);
-            slot.values = Some(grow(slot.values.take(), like, self.offset, new_cap)?);
+            slot.keys = Some(grow(slot.keys.take(), like, valid, new_cap)?);
+            slot.values = Some(grow(slot.values.take(), like, valid, new_cap)?);
         }
-        match (slot.keys.take(), slot.values.take()) {
-            (Some(k), Some(v)) => Ok((k, v)),
-            _ => unreachable!("buffers allocated above"),
+        Ok(())
+    }
+
+    /// Gives this cache buffers of its own: a lazy copy of every layer's
+    /// keys and values. A cache cloned from a prompt-cache entry shares the
+    /// entry's buffers; a decoding row whose cache is written in place
+    /// (`model::decode_attention`) must own them alone.
+    pub fn make_exclusive(&mut self) -> Result<()> {
+        for slot in &mut self.layers {
+            for buf in [&mut slot.keys, &mut slot.values].into_iter().flatten() {
+                // `x + 0` is exact, and its output is a fresh buffer (MLX
+                // reuses an input's buffer only when nothing else holds it).
+                *buf = ops::add(&*buf, &Array::from_f32(0.0).as_dtype(buf.dtype())?)?;
+            }
         }
+        Ok(())
     }
 
     /// Puts back `layer`'s buffers taken with [`KvCache::take_layer`].

@@ -285,6 +285,17 @@ impl<'s> Scheduler<'s> {
         }
     }
 
+    /// Zeroes the step counters (after the warm-up, so `/stats` counts
+    /// only served requests).
+    pub fn reset_stats(&mut self) {
+        self.steps = 0;
+        self.occupancy_sum = 0.0;
+        self.prefill_tokens = 0;
+        self.decode_tokens = 0;
+        self.last_prefill = 0;
+        self.by_size.clear();
+    }
+
     /// The counters now.
     pub fn stats(&self) -> SchedulerStats {
         SchedulerStats {
@@ -456,10 +467,18 @@ fn admit_one<'s>(
     };
     let namespace = kv_namespace(model);
     let reuse = caches.and_then(|c| c.lookup(&namespace, &request.prompt_ids));
-    let (cache, cached) = match reuse {
+    let (mut cache, cached) = match reuse {
         Some(r) => (r.kv, r.reused),
         None => (model.model.new_cache(), 0),
     };
+    // A hit shares the entry's buffers; the row's decode steps write its
+    // cache in place, so it gets its own copy.
+    if cached > 0 && crate::model::decode_attention::enabled() {
+        if let Err(e) = cache.make_exclusive() {
+            sink.finished(Err(e.into()));
+            return None;
+        }
+    }
     sink.event(GenerateEvent::Started);
     Some(Sequence::new(
         id,
@@ -495,5 +514,109 @@ fn finish(
             seq.sink.finished(Ok(summary));
         }
         Err(e) => seq.sink.finished(Err(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::KvCache;
+    use crate::engine::request::GenerateSummary;
+    use crate::plugin::session::StepOutput;
+    use crate::plugin::PluginError;
+
+    struct NoChain;
+    impl TokenChain for NoChain {
+        fn step(
+            &mut self,
+            _: mlx_rs::Array,
+            _: &[u32],
+            _: usize,
+            _: u32,
+        ) -> Result<StepOutput, PluginError> {
+            unreachable!("plan() never runs a chain")
+        }
+        fn accept(&mut self, _: u32, _: f32, _: f32) -> Result<(), PluginError> {
+            Ok(())
+        }
+        fn sampler_name(&self) -> &str {
+            "none"
+        }
+        fn chain_time(&self) -> Duration {
+            Duration::ZERO
+        }
+    }
+
+    struct NoSink;
+    impl SequenceSink for NoSink {
+        fn event(&mut self, _: GenerateEvent) {}
+        fn cancelled(&self) -> bool {
+            false
+        }
+        fn finished(&mut self, _: Result<GenerateSummary, GenerateError>) {}
+    }
+
+    /// A row with `prompt` tokens of which `fed` are in its KV; `decoding`
+    /// rows have their whole prompt fed and one sampled token waiting.
+    fn row(prompt: usize, fed: usize, decoding: bool) -> Sequence<'static> {
+        let mut s = Sequence::new(
+            0,
+            vec![1; prompt],
+            16,
+            4096,
+            &[],
+            0,
+            Box::new(NoChain),
+            Box::new(NoSink),
+            KvCache::new(1),
+            0,
+        );
+        s.fed(if decoding { prompt } else { fed });
+        if decoding {
+            s.ids.push(7);
+        }
+        s
+    }
+
+    fn scheduler(budget: usize, chunk: usize, rows: Vec<Sequence<'static>>) -> Scheduler<'static> {
+        let mut s = Scheduler::new(SchedulerConfig {
+            max_batch: 8,
+            prefill_budget: budget,
+            prefill_chunk: chunk,
+        });
+        s.running = rows;
+        s
+    }
+
+    #[test]
+    fn decoding_rows_feed_one_token_and_prefill_shares_the_budget_in_order() {
+        let s = scheduler(
+            100,
+            512,
+            vec![row(10, 0, true), row(300, 0, false), row(50, 0, false)],
+        );
+        assert_eq!(
+            s.plan(),
+            vec![1, 100, 0],
+            "the first prefill row takes the whole budget"
+        );
+        let s = scheduler(
+            100,
+            512,
+            vec![row(10, 0, true), row(60, 20, false), row(50, 0, false)],
+        );
+        assert_eq!(
+            s.plan(),
+            vec![1, 40, 50],
+            "what one row leaves goes to the next"
+        );
+    }
+
+    #[test]
+    fn with_nothing_decoding_prefill_runs_at_the_chunk_size() {
+        let s = scheduler(100, 512, vec![row(2000, 0, false), row(30, 0, false)]);
+        assert_eq!(s.plan(), vec![512, 0]);
+        let s = scheduler(100, 512, vec![row(200, 0, false), row(30, 0, false)]);
+        assert_eq!(s.plan(), vec![200, 30]);
     }
 }

@@ -577,6 +577,7 @@ fn warm_up(
     while !scheduler.is_idle() {
         scheduler.step(model, None);
     }
+    scheduler.reset_stats();
     let results = std::mem::take(&mut *results.borrow_mut());
     for r in results {
         r.map_err(|e| e.to_string())?;

@@ -1,12 +1,17 @@
 //! Batched decode attention for the rows of a step that decode one token:
 //! one MLX op per layer (`mlxhost_decode_attention`, a CPU primitive in
-//! `host/mlx-sys/native/decode_attention.cpp`) attends every row over its
-//! own cache buffer, instead of one `scaled_dot_product_attention` per row
-//! (several ops each on the CPU). MLX's CPU backend costs tens of
+//! `host/mlx-sys/native/decode_attention.cpp`) writes every row's new key and
+//! value into that row's own cache buffer, in place, and attends over it,
+//! instead of two `slice_update`s and one `scaled_dot_product_attention` per
+//! row (several ops each on the CPU). MLX's CPU backend costs tens of
 //! microseconds per op, so at 16 rows x 30 layers the per-row path spent
-//! more time in op overhead than in the weights' matrix products. The new
-//! keys and values are still written per row by MLX's `slice_update`, which
-//! writes in place only when no one else (the prompt cache) holds a buffer.
+//! more time in op overhead than in the weights' matrix products.
+//!
+//! In place is safe because a decoding row owns its cache buffers
+//! exclusively: buffers the row allocated itself are its own, and a prompt-
+//! cache hit is copied when the row is admitted ([`KvCache::make_exclusive`]).
+//!
+//! [`KvCache::make_exclusive`]: crate::cache::KvCache::make_exclusive
 //!
 //! Chosen only on the CPU backend (GPU backends keep MLX's own kernels) and
 //! unless `MLXHOST_DECODE_ATTENTION=per-row` (a benchmarking switch).
@@ -26,18 +31,21 @@ pub fn enabled() -> bool {
     })
 }
 
-/// Attention for `R` decode rows. `q: [R, H, 1, D]` (RoPE applied),
-/// `caches[r]`: row r's key and value buffers `[1, H_kv, capacity, D]`,
-/// already holding the new token at `positions[r] < capacity`. Returns
-/// `[R, H, 1, D]` (lazy).
+/// Attention for `R` decode rows. `q: [R, H, 1, D]`, `k`/`v: [R, H_kv, 1,
+/// D]` (RoPE applied), `caches[r]`: row r's key and value buffers `[1, H_kv,
+/// capacity, D]`, owned by that row alone, with `positions[r] < capacity`
+/// (the new token's position). Returns `[R, H, 1, D]` and every row's
+/// buffers after the write (lazy; the same storage).
 ///
 /// Errors: shapes or dtypes that do not fit.
 pub fn decode_attention(
     q: &Array,
-    caches: &[(Array, Array)],
+    k: &Array,
+    v: &Array,
+    caches: Vec<(Array, Array)>,
     positions: &[i32],
     scale: f32,
-) -> Result<Array> {
+) -> Result<(Array, Vec<(Array, Array)>)> {
     let rows = positions.len();
     if caches.len() != rows || q.shape().first() != Some(&(rows as i32)) {
         return Err(Exception::custom(format!(
@@ -49,30 +57,49 @@ pub fn decode_attention(
     }
     let keys: Vec<mlx_sys::mlx_array> = caches.iter().map(|(k, _)| k.as_ptr()).collect();
     let values: Vec<mlx_sys::mlx_array> = caches.iter().map(|(_, v)| v.as_ptr()).collect();
-    // SAFETY: `mlx_array_new` makes an empty handle the call fills (or
-    // leaves empty); it is wrapped in an `Array` right after, which frees it
-    // on drop. The input handles stay alive (borrowed from `q` and `caches`)
-    // for the whole call; the op keeps its own references.
-    let (status, out) = unsafe {
+    // SAFETY: `mlx_array_new` makes empty handles that the call fills (or
+    // leaves empty); each is wrapped in an `Array` right after, which frees
+    // it on drop. The input handles stay alive (borrowed from `q`, `k`, `v`
+    // and `caches`) for the whole call; the op keeps its own references.
+    let (status, out, new_k, new_v) = unsafe {
         let mut out = mlx_sys::mlx_array_new();
+        let mut new_k: Vec<_> = (0..rows).map(|_| mlx_sys::mlx_array_new()).collect();
+        let mut new_v: Vec<_> = (0..rows).map(|_| mlx_sys::mlx_array_new()).collect();
         let status = mlx_sys::mlxhost_decode_attention(
             &mut out,
+            new_k.as_mut_ptr(),
+            new_v.as_mut_ptr(),
             q.as_ptr(),
+            k.as_ptr(),
+            v.as_ptr(),
             keys.as_ptr(),
             values.as_ptr(),
             positions.as_ptr(),
             rows as i32,
             scale,
         );
-        (status, Array::from_ptr(out))
+        (
+            status,
+            Array::from_ptr(out),
+            new_k
+                .into_iter()
+                .map(|a| Array::from_ptr(a))
+                .collect::<Vec<_>>(),
+            new_v
+                .into_iter()
+                .map(|a| Array::from_ptr(a))
+                .collect::<Vec<_>>(),
+        )
     };
+    // The old handles go; the op's outputs are the buffers from now on.
+    drop(caches);
     if status != 0 {
         return Err(Exception::custom(
             "decode attention: the batched op rejected its inputs (shapes, dtypes or positions)",
         )
         .into());
     }
-    Ok(out)
+    Ok((out, new_k.into_iter().zip(new_v).collect()))
 }
 
 #[cfg(test)]
@@ -105,10 +132,48 @@ mod tests {
                     ))
                 })
                 .collect::<Result<_>>()?;
-            let out = decode_attention(&q, &caches, &positions, 0.3)?;
-            eval([&out])?;
+            let k = mlx_rs::random::normal::<f32>(&[rows, hkv, 1, d], None, None, None)?
+                .as_dtype(dtype)?;
+            let v = mlx_rs::random::normal::<f32>(&[rows, hkv, 1, d], None, None, None)?
+                .as_dtype(dtype)?;
+            eval(caches.iter().flat_map(|(a, b)| [a, b]).chain([&q, &k, &v]))?;
+            // What the caches must hold after the write: the per-row path.
+            let mut want_caches = Vec::new();
             for (r, &p) in positions.iter().enumerate() {
-                let (kc, vc) = &caches[r];
+                use mlx_rs::ops::indexing::TryIndexMutOp;
+                let r = r as i32;
+                let (mut kc, mut vc) = (
+                    caches[r as usize].0.deep_clone(),
+                    caches[r as usize].1.deep_clone(),
+                );
+                kc.try_index_mut((.., .., p..p + 1, ..), k.index(r..r + 1))?;
+                vc.try_index_mut((.., .., p..p + 1, ..), v.index(r..r + 1))?;
+                eval([&kc, &vc])?;
+                want_caches.push((kc, vc));
+            }
+            let (out, new) = decode_attention(&q, &k, &v, caches, &positions, 0.3)?;
+            eval(std::iter::once(&out).chain(new.iter().flat_map(|(a, b)| [a, b])))?;
+            for (r, &p) in positions.iter().enumerate() {
+                let (kc, vc) = &want_caches[r];
+                let (nk, nv) = &new[r];
+                let same = |a: &Array, b: &Array| -> Result<f32> {
+                    Ok(ops::abs(&ops::subtract(
+                        &a.as_dtype(mlx_rs::Dtype::Float32)?,
+                        &b.as_dtype(mlx_rs::Dtype::Float32)?,
+                    )?)?
+                    .max(None)?
+                    .item_exact::<f32>())
+                };
+                assert_eq!(
+                    same(nk, kc)?,
+                    0.0,
+                    "{dtype:?} row {r}: keys written wrongly"
+                );
+                assert_eq!(
+                    same(nv, vc)?,
+                    0.0,
+                    "{dtype:?} row {r}: values written wrongly"
+                );
                 let r = r as i32;
                 let want = fast::scaled_dot_product_attention(
                     q.index(r..r + 1).as_dtype(mlx_rs::Dtype::Float32)?,
@@ -121,9 +186,7 @@ mod tests {
                     None,
                 )?;
                 let got = out.index(r..r + 1).as_dtype(mlx_rs::Dtype::Float32)?;
-                let err = ops::abs(&ops::subtract(&got, &want)?)?
-                    .max(None)?
-                    .item_exact::<f32>();
+                let err = same(&got, &want)?;
                 assert!(err < tol, "{dtype:?} row {r}: max error {err}");
             }
         }

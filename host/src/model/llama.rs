@@ -11,7 +11,7 @@
 
 use mlx_rs::{
     fast::{self, ScaledDotProductAttentionMask},
-    ops::{self, indexing::IndexOp, indexing::TryIndexMutOp},
+    ops::{self, indexing::IndexOp},
     Array, Dtype,
 };
 
@@ -332,19 +332,15 @@ impl Llama {
         let like = kd.index(0..1);
         let mut caches = Vec::with_capacity(token_index.len());
         let mut positions = Vec::with_capacity(token_index.len());
-        for (j, (row, _)) in rows.iter_mut().zip(decode).filter(|(_, &b)| b).enumerate() {
-            let j = j as i32;
-            let pos = row.cache.offset() as i32;
-            let (mut kb, mut vb) = row.cache.take_layer(l, pos as usize + 1, &like)?;
-            // The new token's key and value (in place unless shared).
-            kb.try_index_mut((.., .., pos..pos + 1, ..), kd.index(j..j + 1))?;
-            vb.try_index_mut((.., .., pos..pos + 1, ..), vd.index(j..j + 1))?;
-            caches.push((kb, vb));
-            positions.push(pos);
+        for (row, _) in rows.iter_mut().zip(decode).filter(|(_, &b)| b) {
+            let pos = row.cache.offset();
+            caches.push(row.cache.take_layer(l, pos + 1, &like)?);
+            positions.push(pos as i32);
         }
         let scale = 1.0 / (d as f32).sqrt();
-        let out = super::decode_attention::decode_attention(&qd, &caches, &positions, scale)?;
-        for ((row, _), (kb, vb)) in rows.iter_mut().zip(decode).filter(|(_, &b)| b).zip(caches) {
+        let (out, updated) =
+            super::decode_attention::decode_attention(&qd, &kd, &vd, caches, &positions, scale)?;
+        for ((row, _), (kb, vb)) in rows.iter_mut().zip(decode).filter(|(_, &b)| b).zip(updated) {
             row.cache.put_layer(l, kb, vb);
         }
         Ok(Some(out.reshape(&[
