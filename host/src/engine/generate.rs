@@ -51,21 +51,14 @@ pub fn generate(
 ) -> Result<GenerateSummary, GenerateError> {
     validate(model, req)?;
     let params = effective_params(model, req);
-    let chain = RowChain::new(
+    let mut chain = RowChain::new(
         plugins,
         &req.sampler,
         &req.processors,
         &params,
         &req.plugin_params,
     )?;
-    run_one(
-        model,
-        ChainSource::Ready(Box::new(chain)),
-        req,
-        prompt_cache,
-        on_event,
-        cancelled,
-    )
+    generate_with(model, &mut chain, req, prompt_cache, on_event, cancelled)
 }
 
 /// [`generate`] with a given token chain (benchmarks: a native chain).
