@@ -104,6 +104,7 @@ fn main() {
         .cpp(true)
         .std("c++20")
         .file(native.join("decode_attention.cpp"))
+        .file(native.join("quantized_matmul.cpp"))
         .include(&mlx_c_root)
         .include(mlx_dir.join("include"))
         .opt_level(3)

@@ -53,4 +53,25 @@ extern "C" {
         rows: ::std::os::raw::c_int,
         scale: f32,
     ) -> ::std::os::raw::c_int;
+
+    /// mlxhost's CPU quantized matmul (`native/quantized_matmul.cpp`): builds
+    /// `out = x @ W^T` lazily from MLX affine `bits`-bit weights. x `[..., K]`
+    /// float32, w `[N, K*bits/32]` uint32, scales/biases `[N, K/group]`
+    /// float32. Returns 0, or 1 after reporting through mlx-c's error handler.
+    pub fn mlxhost_quantized_matmul(
+        out: *mut mlx_array,
+        x: mlx_array,
+        w: mlx_array,
+        scales: mlx_array,
+        biases: mlx_array,
+        bits: ::std::os::raw::c_int,
+        group: ::std::os::raw::c_int,
+        portable: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int;
+
+    /// Rows above which the quantized matmul goes through BLAS tiles.
+    pub fn mlxhost_quantized_matmul_max_rows() -> ::std::os::raw::c_int;
+
+    /// Threads of mlxhost's CPU kernel pool (caller included).
+    pub fn mlxhost_cpu_threads() -> ::std::os::raw::c_int;
 }

@@ -122,7 +122,17 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "decode_ms_per_step": decode_ms,
         "decode_graph_build_ms": build_ms,
         "decode_aggregate_tok_s": batch as f64 * 1e3 / decode_ms,
+        "peak_rss_mib": peak_rss_mib(),
     });
     println!("{result}");
     Ok(())
+}
+
+/// Peak resident set size of this process in MiB (`VmHWM` in
+/// `/proc/self/status`, Linux); `None` elsewhere.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
 }

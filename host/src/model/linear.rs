@@ -3,6 +3,7 @@
 use mlx_rs::{ops, Array, Dtype};
 
 use super::config::QuantSpec;
+use super::cpu_quant;
 use super::error::Result;
 
 /// A bias-free linear layer `y = x W^T`, `W: [out, in]`.
@@ -42,24 +43,39 @@ impl Linear {
                 spec,
             } => {
                 // The product runs in the scales' dtype and comes back in x's:
-                // on the CPU backend scales are kept in float32 because MLX's
-                // CPU quantized matmul is ~50x slower with float16 inputs
-                // (measured: 34 ms vs 0.7 ms for 1536x576, 4-bit).
+                // on the CPU backend scales are kept in float32 (MLX's CPU
+                // quantized matmul is ~50x slower with float16 inputs,
+                // measured: 34 ms vs 0.7 ms for 1536x576, 4-bit), and there
+                // our own op computes it (`cpu_quant`).
                 let compute = scales.dtype();
                 let xc = if x.dtype() == compute {
                     x.clone()
                 } else {
                     x.as_dtype(compute)?
                 };
-                let y = ops::quantized_matmul(
-                    &xc,
-                    weight,
-                    scales,
-                    biases,
-                    true,
-                    spec.group_size,
-                    spec.bits,
-                )?;
+                let y = if compute == Dtype::Float32
+                    && cpu_quant::enabled()
+                    && cpu_quant::supports(*spec)
+                {
+                    cpu_quant::quantized_matmul(
+                        &xc,
+                        weight,
+                        scales,
+                        biases,
+                        *spec,
+                        cpu_quant::Kernel::Best,
+                    )?
+                } else {
+                    ops::quantized_matmul(
+                        &xc,
+                        weight,
+                        scales,
+                        biases,
+                        true,
+                        spec.group_size,
+                        spec.bits,
+                    )?
+                };
                 if y.dtype() == x.dtype() {
                     y
                 } else {

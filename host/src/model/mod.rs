@@ -4,6 +4,7 @@
 pub mod chat_template;
 pub mod config;
 pub mod convert;
+pub mod cpu_quant;
 pub mod decode_attention;
 pub mod error;
 pub mod fingerprint;
@@ -36,6 +37,9 @@ pub enum DtypeArg {
     Native,
     /// float32 dequantized weights everywhere.
     Float32,
+    /// Quantized weights stay 4/8-bit in memory, float32 activations; on
+    /// the CPU backend mlxhost's quantized kernel computes the products.
+    Quantized,
 }
 
 /// Where a model was loaded from.
@@ -249,8 +253,10 @@ fn load_dir_parts(dir: &Path) -> Result<DirParts> {
     ))
 }
 
-/// `--dtype auto`: float32 on the CPU backend when the dequantized weights
-/// fit in half of the available memory; otherwise the checkpoint's path.
+/// `--dtype auto`: on the CPU backend, a quantized checkpoint keeps its
+/// quantized weights ([`ComputeDtype::Quantized`]); else
+/// float32 when the dequantized weights fit in half of the available memory;
+/// otherwise (and on GPU/Metal) the checkpoint's path.
 fn resolve_compute(
     arg: DtypeArg,
     tensors: &weights::TensorMap,
@@ -259,11 +265,14 @@ fn resolve_compute(
     match arg {
         DtypeArg::Native => ComputeDtype::Native,
         DtypeArg::Float32 => ComputeDtype::Float32,
+        DtypeArg::Quantized => ComputeDtype::Quantized,
         DtypeArg::Auto => {
             if crate::runtime::gpu_available() {
                 return ComputeDtype::Native;
             }
-            let _ = tensors;
+            if cpu_quant::enabled() && is_quantized_checkpoint(tensors) {
+                return ComputeDtype::Quantized;
+            }
             let params = approx_params(config);
             let f32_bytes = params * 4;
             match crate::runtime::available_memory_bytes() {
@@ -272,6 +281,13 @@ fn resolve_compute(
             }
         }
     }
+}
+
+/// Whether the checkpoint has quantized linears (MLX's `.scales` next to a
+/// weight). Under [`ComputeDtype::Quantized`] the ones our kernel cannot
+/// compute are dequantized to float32 one by one.
+fn is_quantized_checkpoint(tensors: &weights::TensorMap) -> bool {
+    tensors.keys().any(|name| name.ends_with(".scales"))
 }
 
 /// Parameter count of a Llama config (embedding counted once when tied).

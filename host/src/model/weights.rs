@@ -29,6 +29,11 @@ pub enum ComputeDtype {
     Native,
     /// Every weight dequantized to float32 at load; GEMV/GEMM go to BLAS.
     Float32,
+    /// Quantized linears stay quantized in memory (4/8-bit, MLX affine),
+    /// activations float32; on the CPU backend their products run on our
+    /// kernel (`cpu_quant`). Linears the kernel cannot compute, and dense
+    /// checkpoints, are dequantized to float32 as in [`ComputeDtype::Float32`].
+    Quantized,
 }
 
 /// Renames one GGUF tensor name to MLX naming; `None` for tensors we ignore
@@ -127,7 +132,7 @@ pub fn build_llama(
     let c = config;
     let hd = c.head_dim();
     let act = match compute {
-        ComputeDtype::Float32 => Dtype::Float32,
+        ComputeDtype::Float32 | ComputeDtype::Quantized => Dtype::Float32,
         ComputeDtype::Native => native_activation_dtype(c, tensors),
     };
     // See `Linear::forward`: MLX's CPU quantized matmul wants float32 inputs.
@@ -141,6 +146,12 @@ pub fn build_llama(
         match compute {
             ComputeDtype::Float32 => lin.to_dense(Dtype::Float32),
             ComputeDtype::Native => lin.cast(act, qdtype),
+            ComputeDtype::Quantized => match lin.quant_spec() {
+                Some(spec) if super::cpu_quant::supports(spec) => {
+                    lin.cast(Dtype::Float32, Dtype::Float32)
+                }
+                _ => lin.to_dense(Dtype::Float32),
+            },
         }
     };
     let vector = |name: &str| -> Result<Array> {

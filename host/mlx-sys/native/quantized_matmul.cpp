@@ -1,0 +1,555 @@
+// `y = x @ W^T` from MLX affine-quantized weights, as one MLX CPU primitive
+// (mlxhost's CPU decode path, issue "CPU decode from 4-bit weights").
+//
+// Weight layout: MLX's `mx.quantize` (mlx/backend/cpu/quantized.cpp):
+// `w [N, K * bits / 32]` uint32, little-endian, element j of a row in bits
+// `[bits * j, bits * (j + 1))` of the row's bytes (4-bit: byte i holds
+// elements 2i in its low and 2i + 1 in its high nibble); `scales`, `biases`
+// `[N, K / group]` float32; weight (n, k) = scales[n, k / group] * q + biases[n, k / group].
+//
+// Decode-sized products (M <= kMaxKernelRows rows) are computed straight
+// from the packed weights: each group of 32 weights is dequantized in
+// registers (AVX2 + FMA where the CPU has them, else a portable loop the
+// compiler vectorizes, NEON on Apple CPUs) and multiplied with up to 4 rows
+// of x at a time, so the weights stream from memory once per 4 rows at 4 or
+// 8 bits instead of 32. Larger products (prefill) dequantize a tile of W
+// rows into a float32 buffer that stays in the L2 cache and hand it to BLAS
+// (`cblas_sgemm`, OpenBLAS when linked), so prefill keeps BLAS's speed while
+// the weights stay quantized in memory. Both are split over output rows on a
+// small thread pool (the calling thread plus `MLXHOST_CPU_THREADS - 1`
+// workers, default: one per core).
+//
+// Inputs:  x [M, K] float32 (row-contiguous), w, scales, biases as above.
+// Output:  y [M, N] float32.
+// CPU only: on a GPU stream the host never builds this op (eval_gpu throws).
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/c/error.h"
+#include "mlx/c/private/array.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace mx = mlx::core;
+
+// BLAS (CBLAS interface), provided by OpenBLAS or by libmlx's own BLAS.
+extern "C" void cblas_sgemm(
+    int order,
+    int trans_a,
+    int trans_b,
+    int m,
+    int n,
+    int k,
+    float alpha,
+    const float* a,
+    int lda,
+    const float* b,
+    int ldb,
+    float beta,
+    float* c,
+    int ldc);
+
+namespace {
+
+constexpr int kCblasRowMajor = 101;
+constexpr int kCblasNoTrans = 111;
+constexpr int kCblasTrans = 112;
+
+// Largest row count computed straight from the packed weights; more rows go
+// through tile dequantization and BLAS (see `mlxhost_quantized_matmul_max_rows`).
+constexpr int kMaxKernelRows = 16;
+
+// ---------------------------------------------------------------------------
+// Thread pool: the caller and N-1 workers share `n` tasks. Workers spin for a
+// short while after a job (the next matrix product of a decode step follows
+// within microseconds) and then sleep on a condition variable, so an idle
+// server costs no CPU.
+class Pool {
+ public:
+  static Pool& get() {
+    static Pool pool;
+    return pool;
+  }
+
+  int threads() const {
+    return int(workers_.size()) + 1;
+  }
+
+  // Runs fn(i) for every i in [0, n) and returns when all have run.
+  void run(int n, const std::function<void(int)>& fn) {
+    if (workers_.empty() || n <= 1) {
+      for (int i = 0; i < n; i++)
+        fn(i);
+      return;
+    }
+    std::lock_guard<std::mutex> one_job(run_mu_);
+    fn_ = &fn;
+    n_ = n;
+    next_.store(0, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      gen_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_all();
+    work();
+    while (done_.load(std::memory_order_acquire) != int(workers_.size()))
+      pause();
+    fn_ = nullptr;
+  }
+
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+      gen_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_all();
+    for (auto& t : workers_)
+      t.join();
+  }
+
+ private:
+  Pool() {
+    int n = int(std::thread::hardware_concurrency());
+    if (const char* env = std::getenv("MLXHOST_CPU_THREADS")) {
+      const int v = std::atoi(env);
+      if (v > 0)
+        n = v;
+    }
+    n = std::clamp(n, 1, 64);
+    if (const char* env = std::getenv("MLXHOST_POOL_SPIN_US")) {
+      spin_us_ = std::max(0, std::atoi(env));
+    }
+    for (int i = 1; i < n; i++)
+      workers_.emplace_back([this] { loop(); });
+  }
+
+  static void pause() {
+#if defined(__x86_64__)
+    _mm_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+
+  void work() {
+    for (int i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < n_;)
+      (*fn_)(i);
+  }
+
+  void loop() {
+    // Generation 0 is the pool's start: a job posted before this thread
+    // first runs must still be seen as new.
+    uint64_t seen = 0;
+    for (;;) {
+      // Spin first, then sleep.
+      auto start = std::chrono::steady_clock::now();
+      uint64_t now_gen;
+      int iter = 0;
+      while ((now_gen = gen_.load(std::memory_order_acquire)) == seen) {
+        pause();
+        if (++iter % 256 == 0 &&
+            std::chrono::steady_clock::now() - start > std::chrono::microseconds(spin_us_)) {
+          std::unique_lock<std::mutex> lk(mu_);
+          cv_.wait(lk, [&] { return gen_.load(std::memory_order_acquire) != seen; });
+          now_gen = gen_.load(std::memory_order_acquire);
+          break;
+        }
+      }
+      seen = now_gen;
+      if (stop_)
+        return;
+      work();
+      done_.fetch_add(1, std::memory_order_acq_rel);
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex run_mu_, mu_;
+  std::condition_variable cv_;
+  std::atomic<uint64_t> gen_{0};
+  std::atomic<int> next_{0}, done_{0};
+  int n_ = 0;
+  const std::function<void(int)>* fn_ = nullptr;
+  bool stop_ = false;
+  int spin_us_ = 200;
+};
+
+// ---------------------------------------------------------------------------
+// Kernels. Each computes y[m, n] for rows m in [0, M) and output rows n in
+// [n0, n1).
+
+struct Problem {
+  const float* x; // [M, K]
+  const uint8_t* w; // [N, K * bits / 8] bytes
+  const float* scales; // [N, K / group]
+  const float* biases; // [N, K / group]
+  float* y; // [M, N]
+  int M, N, K, bits, group;
+};
+
+// One weight row's elements [k0, k0 + 32) dequantized (portable).
+inline void dequant32(const Problem& p, const uint8_t* wrow, int k0, float s, float b, float* out) {
+  if (p.bits == 4) {
+    const uint8_t* src = wrow + k0 / 2;
+    for (int i = 0; i < 16; i++) {
+      out[2 * i] = s * float(src[i] & 0x0F) + b;
+      out[2 * i + 1] = s * float(src[i] >> 4) + b;
+    }
+  } else {
+    const uint8_t* src = wrow + k0;
+    for (int i = 0; i < 32; i++)
+      out[i] = s * float(src[i]) + b;
+  }
+}
+
+// Portable kernel (scalar code the compiler vectorizes: SSE on x86 without
+// AVX2, NEON on aarch64).
+void kernel_portable(const Problem& p, int n0, int n1) {
+  const int row_bytes = p.K * p.bits / 8;
+  const int groups = p.K / p.group;
+  float wbuf[32];
+  for (int n = n0; n < n1; n++) {
+    const uint8_t* wrow = p.w + size_t(n) * row_bytes;
+    float acc[kMaxKernelRows] = {};
+    for (int g = 0; g < groups; g++) {
+      const float s = p.scales[size_t(n) * groups + g];
+      const float b = p.biases[size_t(n) * groups + g];
+      for (int k0 = g * p.group; k0 < (g + 1) * p.group; k0 += 32) {
+        dequant32(p, wrow, k0, s, b, wbuf);
+        for (int m = 0; m < p.M; m++) {
+          const float* xr = p.x + size_t(m) * p.K + k0;
+          float part[8] = {};
+          for (int i = 0; i < 32; i += 8)
+            for (int j = 0; j < 8; j++)
+              part[j] += wbuf[i + j] * xr[i + j];
+          float t = 0;
+          for (int j = 0; j < 8; j++)
+            t += part[j];
+          acc[m] += t;
+        }
+      }
+    }
+    for (int m = 0; m < p.M; m++)
+      p.y[size_t(m) * p.N + n] = acc[m];
+  }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+  return _mm_cvtss_f32(lo);
+}
+
+// 32 weights starting at element k0 of `wrow`, dequantized into w[0..3]
+// (8 floats each, in element order).
+template <int BITS>
+__attribute__((target("avx2,fma"))) inline void
+dequant32_avx2(const uint8_t* wrow, int k0, __m256 s, __m256 b, __m256* w) {
+  if constexpr (BITS == 4) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wrow + k0 / 2));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(v, mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+    const __m128i a = _mm_unpacklo_epi8(lo, hi); // elements 0..15
+    const __m128i c = _mm_unpackhi_epi8(lo, hi); // elements 16..31
+    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(a)), s, b);
+    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(a, 8))), s, b);
+    w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c)), s, b);
+    w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c, 8))), s, b);
+  } else {
+    const uint8_t* src = wrow + k0;
+    for (int i = 0; i < 4; i++) {
+      const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + 8 * i));
+      w[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), s, b);
+    }
+  }
+}
+
+// Rows [m0, m0 + MC) of x against weight rows [n0, n1). Two accumulators per
+// row so consecutive FMAs do not wait on each other.
+template <int BITS, int MC>
+__attribute__((target("avx2,fma"))) void
+block_avx2(const Problem& p, int m0, int n0, int n1) {
+  const int row_bytes = p.K * BITS / 8;
+  const int groups = p.K / p.group;
+  const float* xs[MC];
+  for (int m = 0; m < MC; m++)
+    xs[m] = p.x + size_t(m0 + m) * p.K;
+  for (int n = n0; n < n1; n++) {
+    const uint8_t* wrow = p.w + size_t(n) * row_bytes;
+    const float* srow = p.scales + size_t(n) * groups;
+    const float* brow = p.biases + size_t(n) * groups;
+    __m256 acc[MC][2];
+    for (int m = 0; m < MC; m++)
+      acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+      const __m256 s = _mm256_set1_ps(srow[g]);
+      const __m256 b = _mm256_set1_ps(brow[g]);
+      const int kend = (g + 1) * p.group;
+      for (int k0 = g * p.group; k0 < kend; k0 += 32) {
+        __m256 w[4];
+        dequant32_avx2<BITS>(wrow, k0, s, b, w);
+        for (int m = 0; m < MC; m++) {
+          const float* xr = xs[m] + k0;
+          acc[m][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xr), acc[m][0]);
+          acc[m][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xr + 8), acc[m][1]);
+          acc[m][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xr + 16), acc[m][0]);
+          acc[m][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xr + 24), acc[m][1]);
+        }
+      }
+    }
+    for (int m = 0; m < MC; m++)
+      p.y[size_t(m0 + m) * p.N + n] = hsum256(_mm256_add_ps(acc[m][0], acc[m][1]));
+  }
+}
+
+template <int BITS>
+__attribute__((target("avx2,fma"))) void kernel_avx2(const Problem& p, int n0, int n1) {
+  // Weight rows in chunks that stay in L1 while every block of x rows reads
+  // them, so a 16-row product still streams W from memory once.
+  const int row_bytes = p.K * BITS / 8;
+  const int chunk = std::max(1, (16 * 1024) / std::max(1, row_bytes));
+  for (int c0 = n0; c0 < n1; c0 += chunk) {
+    const int c1 = std::min(n1, c0 + chunk);
+    int m = 0;
+    for (; m + 4 <= p.M; m += 4)
+      block_avx2<BITS, 4>(p, m, c0, c1);
+    switch (p.M - m) {
+      case 3:
+        block_avx2<BITS, 3>(p, m, c0, c1);
+        break;
+      case 2:
+        block_avx2<BITS, 2>(p, m, c0, c1);
+        break;
+      case 1:
+        block_avx2<BITS, 1>(p, m, c0, c1);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+#endif
+
+void kernel(const Problem& p, int n0, int n1, bool portable) {
+#if defined(__x86_64__)
+  if (!portable && cpu_has_avx2()) {
+    if (p.bits == 4)
+      kernel_avx2<4>(p, n0, n1);
+    else
+      kernel_avx2<8>(p, n0, n1);
+    return;
+  }
+#endif
+  (void)portable;
+  kernel_portable(p, n0, n1);
+}
+
+// Weight rows [n0, n1) dequantized into `out` ([n1 - n0, K] float32).
+void dequant_rows(const Problem& p, int n0, int n1, float* out) {
+  const int row_bytes = p.K * p.bits / 8;
+  const int groups = p.K / p.group;
+  for (int n = n0; n < n1; n++) {
+    const uint8_t* wrow = p.w + size_t(n) * row_bytes;
+    float* o = out + size_t(n - n0) * p.K;
+    for (int g = 0; g < groups; g++) {
+      const float s = p.scales[size_t(n) * groups + g];
+      const float b = p.biases[size_t(n) * groups + g];
+      for (int k0 = g * p.group; k0 < (g + 1) * p.group; k0 += 32)
+        dequant32(p, wrow, k0, s, b, o + k0);
+    }
+  }
+}
+
+// Splits [0, N) into tasks of whole output rows for the pool.
+void parallel_rows(int N, int min_rows, const std::function<void(int, int)>& body) {
+  Pool& pool = Pool::get();
+  const int threads = pool.threads();
+  int tasks = std::min(threads * 4, std::max(1, N / std::max(1, min_rows)));
+  const int per = (N + tasks - 1) / tasks;
+  tasks = (N + per - 1) / per;
+  pool.run(tasks, [&](int t) {
+    const int n0 = t * per;
+    const int n1 = std::min(N, n0 + per);
+    if (n0 < n1)
+      body(n0, n1);
+  });
+}
+
+void compute(const Problem& p, bool portable) {
+  if (p.M <= kMaxKernelRows) {
+    parallel_rows(p.N, 8, [&](int n0, int n1) { kernel(p, n0, n1, portable); });
+    return;
+  }
+  // Prefill: tiles of W rows that fit in about 1 MiB as float32, dequantized
+  // by the pool, multiplied by BLAS.
+  const int tile = std::max(16, int((size_t(1) << 20) / (sizeof(float) * size_t(p.K))));
+  std::vector<float> buf(size_t(std::min(tile, p.N)) * p.K);
+  for (int t0 = 0; t0 < p.N; t0 += tile) {
+    const int t1 = std::min(p.N, t0 + tile);
+    parallel_rows(t1 - t0, 4, [&](int a, int b) {
+      dequant_rows(p, t0 + a, t0 + b, buf.data() + size_t(a) * p.K);
+    });
+    cblas_sgemm(
+        kCblasRowMajor,
+        kCblasNoTrans,
+        kCblasTrans,
+        p.M,
+        t1 - t0,
+        p.K,
+        1.0f,
+        p.x,
+        p.K,
+        buf.data(),
+        p.K,
+        0.0f,
+        p.y + t0,
+        p.N);
+  }
+}
+
+class CpuQuantizedMatmul : public mx::Primitive {
+ public:
+  CpuQuantizedMatmul(mx::Stream s, int bits, int group, bool portable)
+      : mx::Primitive(s), bits_(bits), group_(group), portable_(portable) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (const auto& a : inputs) {
+      if (!a.flags().row_contiguous)
+        throw std::runtime_error("quantized matmul: an input is not row-contiguous");
+    }
+    auto& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs)
+      enc.set_input_array(a);
+    enc.set_output_array(out);
+    enc.dispatch([inputs, out, bits = bits_, group = group_, portable = portable_]() mutable {
+      const auto& x = inputs[0];
+      const auto& w = inputs[1];
+      Problem p;
+      p.x = x.data<float>();
+      p.w = reinterpret_cast<const uint8_t*>(w.data<uint32_t>());
+      p.scales = inputs[2].data<float>();
+      p.biases = inputs[3].data<float>();
+      p.y = out.data<float>();
+      p.K = x.shape(-1);
+      p.M = int(x.size() / std::max<size_t>(1, size_t(p.K)));
+      p.N = w.shape(0);
+      p.bits = bits;
+      p.group = group;
+      compute(p, portable);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mlxhost CpuQuantizedMatmul has no GPU implementation");
+  }
+
+  const char* name() const override {
+    return "MlxhostCpuQuantizedMatmul";
+  }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const CpuQuantizedMatmul&>(other);
+    return bits_ == o.bits_ && group_ == o.group_ && portable_ == o.portable_;
+  }
+
+ private:
+  int bits_, group_;
+  bool portable_;
+};
+
+} // namespace
+
+// Builds `y = x @ W^T` lazily. x: [..., K] float32; w: [N, K * bits / 32]
+// uint32; scales, biases: [N, K / group] float32; bits 4 or 8; group a
+// multiple of 32 dividing K. `out` gets [..., N] float32. `portable` forces
+// the portable kernel (for tests). Returns 0, or 1 with the error reported
+// through mlx-c's error handler.
+extern "C" int mlxhost_quantized_matmul(
+    mlx_array* out,
+    const mlx_array x,
+    const mlx_array w,
+    const mlx_array scales,
+    const mlx_array biases,
+    int bits,
+    int group,
+    int portable) {
+  try {
+    const auto& xa = mlx_array_get_(x);
+    const auto& wa = mlx_array_get_(w);
+    const auto& sa = mlx_array_get_(scales);
+    const auto& ba = mlx_array_get_(biases);
+    if (bits != 4 && bits != 8)
+      throw std::invalid_argument("quantized matmul: bits must be 4 or 8");
+    if (group <= 0 || group % 32 != 0)
+      throw std::invalid_argument("quantized matmul: the group size must be a multiple of 32");
+    if (xa.ndim() < 1 || wa.ndim() != 2 || sa.ndim() != 2 || ba.ndim() != 2)
+      throw std::invalid_argument("quantized matmul: x must be [..., K], w/scales/biases 2-d");
+    const int K = xa.shape(-1);
+    const int N = wa.shape(0);
+    if (K % group != 0 || int64_t(wa.shape(1)) * 32 != int64_t(K) * bits ||
+        sa.shape(0) != N || ba.shape(0) != N || sa.shape(1) != K / group ||
+        ba.shape(1) != K / group) {
+      throw std::invalid_argument("quantized matmul: weight, scales or biases do not fit x's width");
+    }
+    if (xa.dtype() != mx::float32 || wa.dtype() != mx::uint32 || sa.dtype() != mx::float32 ||
+        ba.dtype() != mx::float32) {
+      throw std::invalid_argument(
+          "quantized matmul: x, scales and biases must be float32 and w uint32");
+    }
+    auto stream = mx::default_stream(mx::Device::cpu);
+    std::vector<mx::array> inputs = {
+        mx::contiguous(xa, false, stream), mx::contiguous(wa, false, stream),
+        mx::contiguous(sa, false, stream), mx::contiguous(ba, false, stream)};
+    auto shape = xa.shape();
+    shape.back() = N;
+    auto prim = std::make_shared<CpuQuantizedMatmul>(stream, bits, group, portable != 0);
+    mlx_array_set_(*out, mx::array(std::move(shape), mx::float32, prim, std::move(inputs)));
+  } catch (std::exception& e) {
+    mlx_error(e.what());
+    return 1;
+  }
+  return 0;
+}
+
+// Row count above which the op multiplies through tile dequantization and
+// BLAS instead of the packed-weight kernel.
+extern "C" int mlxhost_quantized_matmul_max_rows() {
+  return kMaxKernelRows;
+}
+
+// Threads the op's pool runs on (the caller included).
+extern "C" int mlxhost_cpu_threads() {
+  return Pool::get().threads();
+}

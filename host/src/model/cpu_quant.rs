@@ -1,0 +1,206 @@
+//! `x @ W^T` from MLX affine 4-bit and 8-bit weights on the CPU, as one MLX
+//! op of ours (`mlxhost_quantized_matmul`, a CPU primitive in
+//! `host/mlx-sys/native/quantized_matmul.cpp`).
+//!
+//! Why: decode on the CPU is bound by how many bytes of weights each token
+//! streams from memory. The float32 path streams 8x the bytes of 4-bit
+//! weights, and MLX's own CPU `quantized_matmul` is slower still (it is a
+//! reference loop). The op dequantizes each group of 32 weights in registers
+//! (AVX2 + FMA where present, else a portable loop the compiler vectorizes)
+//! and multiplies it with up to 4 rows of `x` at a time, for 1 to 16 rows
+//! (decode at every batch size the scheduler uses); more rows (prefill)
+//! dequantize L2-sized tiles of W into float32 and run BLAS on them. Work is
+//! split over output rows on a pool of `MLXHOST_CPU_THREADS` threads
+//! (default: one per core).
+//!
+//! Chosen only on the CPU backend (GPU backends keep MLX's kernels) and
+//! unless `MLXHOST_QUANTIZED_MATMUL=mlx` (a benchmarking switch back to
+//! MLX's `quantized_matmul`).
+
+use std::sync::OnceLock;
+
+use mlx_rs::{error::Exception, Array, Dtype};
+
+use super::config::QuantSpec;
+use super::error::Result;
+
+/// Whether quantized linears use our op (CPU backend, not switched off).
+pub fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        !crate::runtime::gpu_available()
+            && std::env::var("MLXHOST_QUANTIZED_MATMUL").as_deref() != Ok("mlx")
+    })
+}
+
+/// Whether the op computes this quantization: 4 or 8 bits, groups a
+/// multiple of 32 elements.
+pub fn supports(spec: QuantSpec) -> bool {
+    matches!(spec.bits, 4 | 8) && spec.group_size > 0 && spec.group_size % 32 == 0
+}
+
+/// Threads of the op's pool (the calling thread included).
+pub fn threads() -> usize {
+    // SAFETY: a plain query; it starts the pool on first use.
+    unsafe { mlx_sys::mlxhost_cpu_threads() as usize }
+}
+
+/// Rows above which the op multiplies through float32 tiles and BLAS.
+pub fn max_kernel_rows() -> usize {
+    // SAFETY: returns a constant.
+    unsafe { mlx_sys::mlxhost_quantized_matmul_max_rows() as usize }
+}
+
+/// Which code computes decode-sized products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// AVX2 + FMA when the CPU has them, else portable.
+    Best,
+    /// The portable loop (tests compare it with the SIMD one).
+    Portable,
+}
+
+/// `y = x @ W^T`: `x [..., K]` float32, `weight [N, K * bits / 32]` uint32
+/// (MLX affine layout, `mx.quantize`), `scales`/`biases [N, K / group]`
+/// float32 -> `[..., N]` float32 (lazy).
+///
+/// Errors: an unsupported `spec` ([`supports`]), dtypes other than those
+/// above, or shapes that do not fit.
+pub fn quantized_matmul(
+    x: &Array,
+    weight: &Array,
+    scales: &Array,
+    biases: &Array,
+    spec: QuantSpec,
+    kernel: Kernel,
+) -> Result<Array> {
+    if x.dtype() != Dtype::Float32 {
+        return Err(Exception::custom(format!(
+            "quantized matmul: x must be float32, found {:?}",
+            x.dtype()
+        ))
+        .into());
+    }
+    // SAFETY: `mlx_array_new` makes an empty handle that the call fills (or
+    // leaves empty); it is wrapped in an `Array` right after, which frees it
+    // on drop. The input handles are borrowed for the call; the op keeps its
+    // own references.
+    let (status, out) = unsafe {
+        let mut out = mlx_sys::mlx_array_new();
+        let status = mlx_sys::mlxhost_quantized_matmul(
+            &mut out,
+            x.as_ptr(),
+            weight.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+            spec.bits,
+            spec.group_size,
+            i32::from(kernel == Kernel::Portable),
+        );
+        (status, Array::from_ptr(out))
+    };
+    if status != 0 {
+        return Err(Exception::custom(format!(
+            "quantized matmul: inputs do not fit (x {:?}, weight {:?}, scales {:?}, {} bits, group {})",
+            x.shape(),
+            weight.shape(),
+            scales.shape(),
+            spec.bits,
+            spec.group_size
+        ))
+        .into());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_rs::{ops, transforms::eval};
+
+    fn max_rel_err(got: &Array, want: &Array) -> Result<f32> {
+        let diff = ops::abs(&ops::subtract(got, want)?)?.max(None)?;
+        let scale = ops::abs(want)?.max(None)?;
+        eval([&diff, &scale])?;
+        Ok(diff.item_exact::<f32>() / scale.item_exact::<f32>().max(1e-6))
+    }
+
+    /// Against dequantize-then-matmul (MLX's own ops) for every bit width,
+    /// group size, row count 1..=16, a prefill-sized row count (the BLAS
+    /// tile path), odd output widths and a batch axis; both kernels.
+    #[test]
+    fn matches_dequantized_product() -> Result<()> {
+        mlx_rs::random::seed(11)?;
+        for bits in [4, 8] {
+            for group in [32, 64, 128] {
+                for (n, k) in [(37, 128), (130, 384), (9, 256)] {
+                    let spec = QuantSpec {
+                        bits,
+                        group_size: group,
+                    };
+                    let w = mlx_rs::random::normal::<f32>(&[n, k], None, None, None)?;
+                    let (qw, s, b) = ops::quantize(&w, group, bits)?;
+                    let dense = ops::dequantize(&qw, &s, &b, group, bits)?;
+                    for rows in (1..=16).chain([17, 70]) {
+                        let x = mlx_rs::random::normal::<f32>(&[rows, k], None, None, None)?;
+                        let want = ops::matmul(&x, dense.t())?;
+                        for kernel in [Kernel::Best, Kernel::Portable] {
+                            let got = quantized_matmul(&x, &qw, &s, &b, spec, kernel)?;
+                            assert_eq!(got.shape(), &[rows, n]);
+                            let err = max_rel_err(&got, &want)?;
+                            assert!(
+                                err < 1e-5,
+                                "{bits}-bit group {group} [{n}x{k}] rows {rows} {kernel:?}: \
+                                 relative error {err}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A `[B, T, K]` input and a non-contiguous (transposed) one.
+    #[test]
+    fn takes_batched_and_strided_inputs() -> Result<()> {
+        let spec = QuantSpec {
+            bits: 4,
+            group_size: 64,
+        };
+        let w = mlx_rs::random::normal::<f32>(&[48, 128], None, None, None)?;
+        let (qw, s, b) = ops::quantize(&w, 64, 4)?;
+        let dense = ops::dequantize(&qw, &s, &b, 64, 4)?;
+        let x = mlx_rs::random::normal::<f32>(&[2, 3, 128], None, None, None)?;
+        let got = quantized_matmul(&x, &qw, &s, &b, spec, Kernel::Best)?;
+        assert_eq!(got.shape(), &[2, 3, 48]);
+        assert!(max_rel_err(&got, &ops::matmul(&x, dense.t())?)? < 1e-5);
+        let xt = mlx_rs::random::normal::<f32>(&[128, 5], None, None, None)?.t();
+        let got = quantized_matmul(&xt, &qw, &s, &b, spec, Kernel::Best)?;
+        assert!(max_rel_err(&got, &ops::matmul(&xt, dense.t())?)? < 1e-5);
+        Ok(())
+    }
+
+    #[test]
+    fn rejects_what_it_cannot_compute() -> Result<()> {
+        let w = mlx_rs::random::normal::<f32>(&[8, 64], None, None, None)?;
+        let (qw, s, b) = ops::quantize(&w, 32, 4)?;
+        let spec = QuantSpec {
+            bits: 4,
+            group_size: 32,
+        };
+        let wrong_width = mlx_rs::random::normal::<f32>(&[1, 96], None, None, None)?;
+        assert!(quantized_matmul(&wrong_width, &qw, &s, &b, spec, Kernel::Best).is_err());
+        let half = mlx_rs::random::normal::<f32>(&[1, 64], None, None, None)?
+            .as_dtype(Dtype::Float16)?;
+        assert!(quantized_matmul(&half, &qw, &s, &b, spec, Kernel::Best).is_err());
+        let three_bits = QuantSpec {
+            bits: 3,
+            group_size: 32,
+        };
+        assert!(!supports(three_bits));
+        let x = mlx_rs::random::normal::<f32>(&[1, 64], None, None, None)?;
+        assert!(quantized_matmul(&x, &qw, &s, &b, three_bits, Kernel::Best).is_err());
+        Ok(())
+    }
+}
