@@ -124,11 +124,15 @@ pub fn parse_line(
 }
 
 /// Scores a batch of rows in one set of forward passes (rows may differ in
-/// length). `top_k` alternatives per step (0 for none).
+/// length). `top_k` alternatives per step (0 for none). `decode`: after the
+/// prompt's prefill, feed the continuation one token per forward (the
+/// decode path generation runs, batched over the rows) instead of in
+/// prefill chunks.
 pub fn score_rows(
     model: &LoadedModel,
     rows: &[(Vec<u32>, Vec<u32>)],
     top_k: usize,
+    decode: bool,
 ) -> Result<Vec<ScoreOutput>, ScoreError> {
     let llama = &model.model;
     // Each row feeds prompt + continuation[..-1]; logits from the last prompt
@@ -155,7 +159,13 @@ pub fn score_rows(
             if pos[i] >= t.len() || c.is_empty() {
                 continue;
             }
-            let end = (pos[i] + PREFILL_CHUNK).min(t.len());
+            let end = if decode && pos[i] >= p.len() {
+                pos[i] + 1
+            } else if decode {
+                (pos[i] + PREFILL_CHUNK).min(p.len())
+            } else {
+                (pos[i] + PREFILL_CHUNK).min(t.len())
+            };
             let first_needed = p.len() - 1;
             batch.push(RowInput {
                 tokens: &t[pos[i]..end],

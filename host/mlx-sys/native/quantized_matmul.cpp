@@ -48,6 +48,8 @@
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 
+#include "cpu_kernels.h"
+
 namespace mx = mlx::core;
 
 // BLAS (CBLAS interface), provided by OpenBLAS or by libmlx's own BLAS.
@@ -67,7 +69,7 @@ extern "C" void cblas_sgemm(
     float* c,
     int ldc);
 
-namespace {
+namespace mlxhost_cpu {
 
 constexpr int kCblasRowMajor = 101;
 constexpr int kCblasNoTrans = 111;
@@ -76,6 +78,13 @@ constexpr int kCblasTrans = 112;
 // Largest row count computed straight from the packed weights; more rows go
 // through tile dequantization and BLAS (see `mlxhost_quantized_matmul_max_rows`).
 constexpr int kMaxKernelRows = 16;
+
+// Weight rows ahead that the int8 kernel prefetches (`MLXHOST_PREFETCH_ROWS`
+// overrides, for measuring).
+const int kPrefetchRows = [] {
+  const char* env = std::getenv("MLXHOST_PREFETCH_ROWS");
+  return env ? std::max(0, std::atoi(env)) : 4;
+}();
 
 // ---------------------------------------------------------------------------
 // Thread pool: the caller and N-1 workers share `n` tasks. Workers spin for a
@@ -94,7 +103,9 @@ class Pool {
   }
 
   // Runs fn(i) for every i in [0, n) and returns when all have run.
-  void run(int n, const std::function<void(int)>& fn) {
+  // `spin_after = false`: workers sleep right after this job instead of
+  // spinning (the caller is about to run BLAS, whose threads need the cores).
+  void run(int n, const std::function<void(int)>& fn, bool spin_after = true) {
     if (workers_.empty() || n <= 1) {
       for (int i = 0; i < n; i++)
         fn(i);
@@ -103,6 +114,7 @@ class Pool {
     std::lock_guard<std::mutex> one_job(run_mu_);
     fn_ = &fn;
     n_ = n;
+    spin_after_ = spin_after;
     next_.store(0, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
     {
@@ -165,10 +177,11 @@ class Pool {
       auto start = std::chrono::steady_clock::now();
       uint64_t now_gen;
       int iter = 0;
+      const int spin_us = spin_after_ ? spin_us_ : 0;
       while ((now_gen = gen_.load(std::memory_order_acquire)) == seen) {
         pause();
         if (++iter % 256 == 0 &&
-            std::chrono::steady_clock::now() - start > std::chrono::microseconds(spin_us_)) {
+            std::chrono::steady_clock::now() - start > std::chrono::microseconds(spin_us)) {
           std::unique_lock<std::mutex> lk(mu_);
           cv_.wait(lk, [&] { return gen_.load(std::memory_order_acquire) != seen; });
           now_gen = gen_.load(std::memory_order_acquire);
@@ -191,21 +204,14 @@ class Pool {
   int n_ = 0;
   const std::function<void(int)>* fn_ = nullptr;
   bool stop_ = false;
+  // Read by workers after the job they finished (set before its generation).
+  bool spin_after_ = true;
   int spin_us_ = 200;
 };
 
 // ---------------------------------------------------------------------------
 // Kernels. Each computes y[m, n] for rows m in [0, M) and output rows n in
 // [n0, n1).
-
-struct Problem {
-  const float* x; // [M, K]
-  const uint8_t* w; // [N, K * bits / 8] bytes
-  const float* scales; // [N, K / group]
-  const float* biases; // [N, K / group]
-  float* y; // [M, N]
-  int M, N, K, bits, group;
-};
 
 // One weight row's elements [k0, k0 + 32) dequantized (portable).
 inline void dequant32(const Problem& p, const uint8_t* wrow, int k0, float s, float b, float* out) {
@@ -354,15 +360,208 @@ __attribute__((target("avx2,fma"))) void kernel_avx2(const Problem& p, int n0, i
   }
 }
 
+#endif
+
+// Activations rounded to int8 per block of 32 (llama.cpp's Q8 scheme for its
+// Q4/Q8 dot products, ggml-quants.c `quantize_row_q8_1`): x ~= d * q with
+// d = max|x| / 127 per block. The weight-group bias term uses the rounded
+// sums (d * sum q), so the result is exactly the float product with the
+// rounded x (what the tests compare with).
+struct QuantX {
+  std::vector<int8_t> q; // [M, K]; 4-bit weights: each block in nibble order
+  std::vector<float> d; // [M, K / 32]
+  std::vector<float> gsum; // [M, K / group]: sum of the rounded x per weight group
+};
+
+void quantize_x(const Problem& p, QuantX& out) {
+  const int blocks = p.K / 32, groups = p.K / p.group;
+  out.q.resize(size_t(p.M) * p.K);
+  out.d.resize(size_t(p.M) * blocks);
+  out.gsum.assign(size_t(p.M) * groups, 0.0f);
+  for (int m = 0; m < p.M; m++) {
+    for (int b = 0; b < blocks; b++) {
+      const float* xb = p.x + size_t(m) * p.K + b * 32;
+      float amax = 0;
+      for (int i = 0; i < 32; i++)
+        amax = std::max(amax, std::fabs(xb[i]));
+      const float d = amax / 127.0f;
+      const float inv = d > 0 ? 1.0f / d : 0.0f;
+      int8_t* qb = out.q.data() + size_t(m) * p.K + b * 32;
+      int sum = 0;
+      for (int i = 0; i < 32; i++) {
+        const int v = std::clamp(int(std::nearbyint(xb[i] * inv)), -127, 127);
+        // 4-bit weights unpack as [low nibbles | high nibbles] = elements
+        // [0, 2, ..., 30 | 1, 3, ..., 31]; x is stored in that order.
+        const int j = p.bits == 4 ? (i % 2 == 0 ? i / 2 : 16 + i / 2) : i;
+        qb[j] = int8_t(v);
+        sum += v;
+      }
+      out.d[size_t(m) * blocks + b] = d;
+      out.gsum[size_t(m) * groups + (b * 32) / p.group] += d * float(sum);
+    }
+  }
+}
+
+#if defined(__x86_64__)
+// One block of 32 weights (block `kb` of row `wrow`, group scale `s`) against
+// the rounded x of MC rows, accumulated into acc[0..MC).
+template <int BITS, int MC>
+__attribute__((target("avx2,fma"), always_inline)) inline void q8_block(
+    const uint8_t* wrow,
+    int kb,
+    float s,
+    const int8_t* const* xq,
+    const float* const* xd,
+    __m256* acc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i wv, wabs;
+  if constexpr (BITS == 4) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wrow + kb * 16));
+    wv = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0F));
+    wabs = wv;
+  } else {
+    // q - 128 as int8; its magnitude as the unsigned operand, its sign moved
+    // onto x (llama.cpp's mul_sum_i8_pairs).
+    wv = _mm256_xor_si256(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wrow + kb * 32)),
+        _mm256_set1_epi8(char(0x80)));
+    wabs = _mm256_sign_epi8(wv, wv);
+  }
+  for (int m = 0; m < MC; m++) {
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[m] + kb * 32));
+    __m256i prod;
+    if constexpr (BITS == 4)
+      prod = _mm256_maddubs_epi16(wabs, xv);
+    else
+      prod = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xv, wv));
+    const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones));
+    acc[m] = _mm256_fmadd_ps(dot, _mm256_set1_ps(s * xd[m][kb]), acc[m]);
+  }
+}
+
+// Rows [m0, m0 + MC) of the rounded x against weight rows [n0, n1), with
+// integer dot products of 32 weights at a time (`maddubs`: u8 x i8 pairs
+// into i16, then i32), scaled by scale * d per block. Even and odd blocks
+// go to separate accumulators so consecutive FMAs do not wait on each other.
+// PG: blocks of 32 per weight group (1, 2 or 4 for groups of 32, 64, 128, so
+// the group index is a shift), 0 for any other group size (a division).
+template <int BITS, int MC, int PG>
+__attribute__((target("avx2,fma"))) void
+block_q8_avx2(const Problem& p, const QuantX& qx, int m0, int n0, int n1) {
+  const int row_bytes = p.K * BITS / 8;
+  const int groups = p.K / p.group, blocks = p.K / 32;
+  const int per_group = PG > 0 ? PG : p.group / 32;
+  const int8_t* xq[MC];
+  const float* xd[MC];
+  const float* xs[MC];
+  for (int m = 0; m < MC; m++) {
+    xq[m] = qx.q.data() + size_t(m0 + m) * p.K;
+    xd[m] = qx.d.data() + size_t(m0 + m) * blocks;
+    xs[m] = qx.gsum.data() + size_t(m0 + m) * groups;
+  }
+  for (int n = n0; n < n1; n++) {
+    const uint8_t* wrow = p.w + size_t(n) * row_bytes;
+    const float* srow = p.scales + size_t(n) * groups;
+    const float* brow = p.biases + size_t(n) * groups;
+    __m256 even[MC], odd[MC];
+    for (int m = 0; m < MC; m++)
+      even[m] = odd[m] = _mm256_setzero_ps();
+    // Software prefetch of the weight rows a few rows ahead (one line per
+    // 64 bytes): measured faster than the hardware prefetcher alone here.
+    const uint8_t* ahead = wrow + size_t(kPrefetchRows) * row_bytes;
+    for (int off = 0; off < row_bytes; off += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T0);
+    int kb = 0;
+    for (; kb + 2 <= blocks; kb += 2) {
+      q8_block<BITS, MC>(wrow, kb, srow[kb / per_group], xq, xd, even);
+      q8_block<BITS, MC>(wrow, kb + 1, srow[(kb + 1) / per_group], xq, xd, odd);
+    }
+    if (kb < blocks)
+      q8_block<BITS, MC>(wrow, kb, srow[kb / per_group], xq, xd, even);
+    for (int m = 0; m < MC; m++) {
+      // The groups' bias terms: bias * sum(x) (8-bit: bias + 128 * scale,
+      // for the q - 128 above).
+      float bias_term = 0;
+      for (int g = 0; g < groups; g++) {
+        const float b = BITS == 4 ? brow[g] : brow[g] + 128.0f * srow[g];
+        bias_term += b * xs[m][g];
+      }
+      p.y[size_t(m0 + m) * p.N + n] = hsum256(_mm256_add_ps(even[m], odd[m])) + bias_term;
+    }
+  }
+}
+
+template <int BITS, int PG>
+__attribute__((target("avx2,fma"))) void
+kernel_q8_rows(const Problem& p, const QuantX& qx, int n0, int n1) {
+  const int row_bytes = p.K * BITS / 8;
+  const int chunk = std::max(1, (16 * 1024) / std::max(1, row_bytes));
+  for (int c0 = n0; c0 < n1; c0 += chunk) {
+    const int c1 = std::min(n1, c0 + chunk);
+    int m = 0;
+    for (; m + 4 <= p.M; m += 4)
+      block_q8_avx2<BITS, 4, PG>(p, qx, m, c0, c1);
+    switch (p.M - m) {
+      case 3:
+        block_q8_avx2<BITS, 3, PG>(p, qx, m, c0, c1);
+        break;
+      case 2:
+        block_q8_avx2<BITS, 2, PG>(p, qx, m, c0, c1);
+        break;
+      case 1:
+        block_q8_avx2<BITS, 1, PG>(p, qx, m, c0, c1);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+template <int BITS>
+void kernel_q8_avx2(const Problem& p, const QuantX& qx, int n0, int n1) {
+  switch (p.group) {
+    case 32:
+      kernel_q8_rows<BITS, 1>(p, qx, n0, n1);
+      break;
+    case 64:
+      kernel_q8_rows<BITS, 2>(p, qx, n0, n1);
+      break;
+    case 128:
+      kernel_q8_rows<BITS, 4>(p, qx, n0, n1);
+      break;
+    default:
+      kernel_q8_rows<BITS, 0>(p, qx, n0, n1);
+  }
+}
+
 bool cpu_has_avx2() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has;
 }
 #endif
 
-void kernel(const Problem& p, int n0, int n1, bool portable) {
+// Which code computes decode-sized products (`mlxhost_quantized_matmul`'s
+// `variant`).
+enum Variant { kInt8 = 0, kPortable = 1, kFloat = 2 };
+
+bool has_simd() {
 #if defined(__x86_64__)
-  if (!portable && cpu_has_avx2()) {
+  return cpu_has_avx2();
+#else
+  return false;
+#endif
+}
+
+void kernel(const Problem& p, const QuantX* qx, int n0, int n1, int variant) {
+#if defined(__x86_64__)
+  if (variant == kInt8 && qx) {
+    if (p.bits == 4)
+      kernel_q8_avx2<4>(p, *qx, n0, n1);
+    else
+      kernel_q8_avx2<8>(p, *qx, n0, n1);
+    return;
+  }
+  if (variant == kFloat && cpu_has_avx2()) {
     if (p.bits == 4)
       kernel_avx2<4>(p, n0, n1);
     else
@@ -370,7 +569,8 @@ void kernel(const Problem& p, int n0, int n1, bool portable) {
     return;
   }
 #endif
-  (void)portable;
+  (void)qx;
+  (void)variant;
   kernel_portable(p, n0, n1);
 }
 
@@ -391,7 +591,11 @@ void dequant_rows(const Problem& p, int n0, int n1, float* out) {
 }
 
 // Splits [0, N) into tasks of whole output rows for the pool.
-void parallel_rows(int N, int min_rows, const std::function<void(int, int)>& body) {
+void parallel_rows(
+    int N,
+    int min_rows,
+    const std::function<void(int, int)>& body,
+    bool spin_after = true) {
   Pool& pool = Pool::get();
   const int threads = pool.threads();
   int tasks = std::min(threads * 4, std::max(1, N / std::max(1, min_rows)));
@@ -402,12 +606,16 @@ void parallel_rows(int N, int min_rows, const std::function<void(int, int)>& bod
     const int n1 = std::min(N, n0 + per);
     if (n0 < n1)
       body(n0, n1);
-  });
+  }, spin_after);
 }
 
-void compute(const Problem& p, bool portable) {
+void compute(const Problem& p, int variant) {
   if (p.M <= kMaxKernelRows) {
-    parallel_rows(p.N, 8, [&](int n0, int n1) { kernel(p, n0, n1, portable); });
+    QuantX qx;
+    const bool int8 = variant == kInt8 && has_simd();
+    if (int8)
+      quantize_x(p, qx);
+    parallel_rows(p.N, 8, [&](int n0, int n1) { kernel(p, int8 ? &qx : nullptr, n0, n1, variant); });
     return;
   }
   // Prefill: tiles of W rows that fit in about 1 MiB as float32, dequantized
@@ -416,9 +624,11 @@ void compute(const Problem& p, bool portable) {
   std::vector<float> buf(size_t(std::min(tile, p.N)) * p.K);
   for (int t0 = 0; t0 < p.N; t0 += tile) {
     const int t1 = std::min(p.N, t0 + tile);
-    parallel_rows(t1 - t0, 4, [&](int a, int b) {
-      dequant_rows(p, t0 + a, t0 + b, buf.data() + size_t(a) * p.K);
-    });
+    parallel_rows(
+        t1 - t0,
+        4,
+        [&](int a, int b) { dequant_rows(p, t0 + a, t0 + b, buf.data() + size_t(a) * p.K); },
+        false);
     cblas_sgemm(
         kCblasRowMajor,
         kCblasNoTrans,
@@ -437,10 +647,24 @@ void compute(const Problem& p, bool portable) {
   }
 }
 
+void parallel_for(int n, const std::function<void(int)>& fn) {
+  Pool::get().run(n, fn);
+}
+
+int threads() {
+  return Pool::get().threads();
+}
+
+} // namespace mlxhost_cpu
+
+namespace {
+
+using mlxhost_cpu::Problem;
+
 class CpuQuantizedMatmul : public mx::Primitive {
  public:
-  CpuQuantizedMatmul(mx::Stream s, int bits, int group, bool portable)
-      : mx::Primitive(s), bits_(bits), group_(group), portable_(portable) {}
+  CpuQuantizedMatmul(mx::Stream s, int bits, int group, int variant)
+      : mx::Primitive(s), bits_(bits), group_(group), variant_(variant) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     for (const auto& a : inputs) {
@@ -453,7 +677,7 @@ class CpuQuantizedMatmul : public mx::Primitive {
     for (const auto& a : inputs)
       enc.set_input_array(a);
     enc.set_output_array(out);
-    enc.dispatch([inputs, out, bits = bits_, group = group_, portable = portable_]() mutable {
+    enc.dispatch([inputs, out, bits = bits_, group = group_, variant = variant_]() mutable {
       const auto& x = inputs[0];
       const auto& w = inputs[1];
       Problem p;
@@ -467,7 +691,7 @@ class CpuQuantizedMatmul : public mx::Primitive {
       p.N = w.shape(0);
       p.bits = bits;
       p.group = group;
-      compute(p, portable);
+      mlxhost_cpu::compute(p, variant);
     });
   }
 
@@ -481,20 +705,22 @@ class CpuQuantizedMatmul : public mx::Primitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const CpuQuantizedMatmul&>(other);
-    return bits_ == o.bits_ && group_ == o.group_ && portable_ == o.portable_;
+    return bits_ == o.bits_ && group_ == o.group_ && variant_ == o.variant_;
   }
 
  private:
   int bits_, group_;
-  bool portable_;
+  int variant_;
 };
 
 } // namespace
 
 // Builds `y = x @ W^T` lazily. x: [..., K] float32; w: [N, K * bits / 32]
 // uint32; scales, biases: [N, K / group] float32; bits 4 or 8; group a
-// multiple of 32 dividing K. `out` gets [..., N] float32. `portable` forces
-// the portable kernel (for tests). Returns 0, or 1 with the error reported
+// multiple of 32 dividing K. `out` gets [..., N] float32. `variant` picks the
+// decode-sized kernel: 0 int8-rounded activations with integer dot products
+// (AVX2; the portable float loop without it), 1 the portable float loop,
+// 2 float32 activations with AVX2 + FMA (portable without it). Returns 0, or 1 with the error reported
 // through mlx-c's error handler.
 extern "C" int mlxhost_quantized_matmul(
     mlx_array* out,
@@ -504,7 +730,7 @@ extern "C" int mlxhost_quantized_matmul(
     const mlx_array biases,
     int bits,
     int group,
-    int portable) {
+    int variant) {
   try {
     const auto& xa = mlx_array_get_(x);
     const auto& wa = mlx_array_get_(w);
@@ -534,7 +760,7 @@ extern "C" int mlxhost_quantized_matmul(
         mx::contiguous(sa, false, stream), mx::contiguous(ba, false, stream)};
     auto shape = xa.shape();
     shape.back() = N;
-    auto prim = std::make_shared<CpuQuantizedMatmul>(stream, bits, group, portable != 0);
+    auto prim = std::make_shared<CpuQuantizedMatmul>(stream, bits, group, variant);
     mlx_array_set_(*out, mx::array(std::move(shape), mx::float32, prim, std::move(inputs)));
   } catch (std::exception& e) {
     mlx_error(e.what());
@@ -546,10 +772,10 @@ extern "C" int mlxhost_quantized_matmul(
 // Row count above which the op multiplies through tile dequantization and
 // BLAS instead of the packed-weight kernel.
 extern "C" int mlxhost_quantized_matmul_max_rows() {
-  return kMaxKernelRows;
+  return mlxhost_cpu::kMaxKernelRows;
 }
 
 // Threads the op's pool runs on (the caller included).
 extern "C" int mlxhost_cpu_threads() {
-  return Pool::get().threads();
+  return mlxhost_cpu::threads();
 }

@@ -72,6 +72,33 @@ extern "C" {
     /// Rows above which the quantized matmul goes through BLAS tiles.
     pub fn mlxhost_quantized_matmul_max_rows() -> ::std::os::raw::c_int;
 
+    /// mlxhost's fused decoder layer for decoding rows
+    /// (`native/decode_layer.cpp`, CPU only): builds one lazy MLX op running
+    /// a whole Llama-family layer for `rows` rows of one token each, from
+    /// quantized weights, writing each row's new key/value **in place** at
+    /// `positions[r]`. `weights`: 14 arrays (input norm, post-attention norm,
+    /// then weight/scales/biases of qkv, o, gate_up, down); `bits`/`groups`:
+    /// 4 each. Returns 0, or 1 after reporting through mlx-c's error handler.
+    pub fn mlxhost_decode_layer(
+        h_out: *mut mlx_array,
+        new_keys: *mut mlx_array,
+        new_values: *mut mlx_array,
+        h: mlx_array,
+        weights: *const mlx_array,
+        bits: *const ::std::os::raw::c_int,
+        groups: *const ::std::os::raw::c_int,
+        keys: *const mlx_array,
+        values: *const mlx_array,
+        positions: *const ::std::os::raw::c_int,
+        rows: ::std::os::raw::c_int,
+        heads: ::std::os::raw::c_int,
+        kv_heads: ::std::os::raw::c_int,
+        head_dim: ::std::os::raw::c_int,
+        eps: f32,
+        rope_theta: f32,
+        variant: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int;
+
     /// Threads of mlxhost's CPU kernel pool (caller included).
     pub fn mlxhost_cpu_threads() -> ::std::os::raw::c_int;
 }

@@ -22,6 +22,11 @@ pub struct ScoreArgs {
     /// Rows scored together in one forward pass.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     batch_size: u32,
+    /// Feed each continuation one token per forward pass after the prompt
+    /// (the decode path generation runs, the rows of a batch decoding
+    /// together) instead of in prefill chunks.
+    #[arg(long)]
+    decode: bool,
 }
 
 pub fn run(args: ScoreArgs) -> anyhow::Result<()> {
@@ -44,7 +49,7 @@ pub fn run(args: ScoreArgs) -> anyhow::Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     for batch in rows.chunks(args.batch_size as usize) {
-        for result in score::score_rows(&model, batch, args.top_logprobs)? {
+        for result in score::score_rows(&model, batch, args.top_logprobs, args.decode)? {
             serde_json::to_writer(&mut out, &result)?;
             writeln!(out)?;
         }

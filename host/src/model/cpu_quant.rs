@@ -51,13 +51,30 @@ pub fn max_kernel_rows() -> usize {
     unsafe { mlx_sys::mlxhost_quantized_matmul_max_rows() as usize }
 }
 
-/// Which code computes decode-sized products.
+/// Which code computes decode-sized products (up to [`max_kernel_rows`]
+/// rows; larger products always dequantize tiles into BLAS, exact in
+/// float32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
-    /// AVX2 + FMA when the CPU has them, else portable.
+    /// The default: `x` rounded to int8 per block of 32 (`d = max|x| / 127`,
+    /// llama.cpp's Q8 activations) and integer dot products with the
+    /// weights (AVX2); the portable float loop on CPUs without AVX2.
     Best,
-    /// The portable loop (tests compare it with the SIMD one).
+    /// Float32 activations, weights dequantized in registers (portable C++
+    /// the compiler vectorizes; NEON on Apple CPUs).
     Portable,
+    /// Float32 activations with AVX2 + FMA (portable without AVX2).
+    Float,
+}
+
+impl Kernel {
+    fn code(self) -> i32 {
+        match self {
+            Kernel::Best => 0,
+            Kernel::Portable => 1,
+            Kernel::Float => 2,
+        }
+    }
 }
 
 /// `y = x @ W^T`: `x [..., K]` float32, `weight [N, K * bits / 32]` uint32
@@ -95,7 +112,7 @@ pub fn quantized_matmul(
             biases.as_ptr(),
             spec.bits,
             spec.group_size,
-            i32::from(kernel == Kernel::Portable),
+            kernel.code(),
         );
         (status, Array::from_ptr(out))
     };
@@ -144,10 +161,23 @@ mod tests {
                     for rows in (1..=16).chain([17, 70]) {
                         let x = mlx_rs::random::normal::<f32>(&[rows, k], None, None, None)?;
                         let want = ops::matmul(&x, dense.t())?;
-                        for kernel in [Kernel::Best, Kernel::Portable] {
+                        // The int8 kernel computes the exact product of the
+                        // rounded x (decode sizes; prefill sizes are exact).
+                        let x8 = if rows as usize <= max_kernel_rows() && int8_kernel() {
+                            round_like_q8(&x)?
+                        } else {
+                            x.clone()
+                        };
+                        let want8 = ops::matmul(&x8, dense.t())?;
+                        for kernel in [Kernel::Best, Kernel::Portable, Kernel::Float] {
                             let got = quantized_matmul(&x, &qw, &s, &b, spec, kernel)?;
+                            let want = if kernel == Kernel::Best {
+                                &want8
+                            } else {
+                                &want
+                            };
                             assert_eq!(got.shape(), &[rows, n]);
-                            let err = max_rel_err(&got, &want)?;
+                            let err = max_rel_err(&got, want)?;
                             assert!(
                                 err < 1e-5,
                                 "{bits}-bit group {group} [{n}x{k}] rows {rows} {kernel:?}: \
@@ -158,6 +188,57 @@ mod tests {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Whether this CPU runs the int8 kernel (AVX2 + FMA).
+    fn int8_kernel() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// `x [M, K]` rounded as the int8 kernel rounds it: per block of 32,
+    /// `d = max|x| / 127`, `q = round_ties_even(x * (1 / d))` clamped to
+    /// ±127, back to `q * d`.
+    fn round_like_q8(x: &Array) -> Result<Array> {
+        let shape = x.shape().to_vec();
+        let xs = x.as_slice::<f32>();
+        let mut out = Vec::with_capacity(xs.len());
+        for block in xs.chunks(32) {
+            let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            out.extend(
+                block
+                    .iter()
+                    .map(|v| (v * inv).round_ties_even().clamp(-127.0, 127.0) * d),
+            );
+        }
+        Ok(Array::from_slice(&out, &shape))
+    }
+
+    /// The int8 kernel's rounding of x stays close to the float product
+    /// (relative to the output's largest value).
+    #[test]
+    fn int8_activations_stay_close_to_float() -> Result<()> {
+        let w = mlx_rs::random::normal::<f32>(&[256, 576], None, None, None)?;
+        let (qw, s, b) = ops::quantize(&w, 32, 4)?;
+        let x = mlx_rs::random::normal::<f32>(&[3, 576], None, None, None)?;
+        let spec = QuantSpec {
+            bits: 4,
+            group_size: 32,
+        };
+        let exact = quantized_matmul(&x, &qw, &s, &b, spec, Kernel::Float)?;
+        let int8 = quantized_matmul(&x, &qw, &s, &b, spec, Kernel::Best)?;
+        let err = max_rel_err(&int8, &exact)?;
+        assert!(err < 0.02, "int8 activations moved the product by {err}");
         Ok(())
     }
 
@@ -172,11 +253,11 @@ mod tests {
         let (qw, s, b) = ops::quantize(&w, 64, 4)?;
         let dense = ops::dequantize(&qw, &s, &b, 64, 4)?;
         let x = mlx_rs::random::normal::<f32>(&[2, 3, 128], None, None, None)?;
-        let got = quantized_matmul(&x, &qw, &s, &b, spec, Kernel::Best)?;
+        let got = quantized_matmul(&x, &qw, &s, &b, spec, Kernel::Float)?;
         assert_eq!(got.shape(), &[2, 3, 48]);
         assert!(max_rel_err(&got, &ops::matmul(&x, dense.t())?)? < 1e-5);
         let xt = mlx_rs::random::normal::<f32>(&[128, 5], None, None, None)?.t();
-        let got = quantized_matmul(&xt, &qw, &s, &b, spec, Kernel::Best)?;
+        let got = quantized_matmul(&xt, &qw, &s, &b, spec, Kernel::Float)?;
         assert!(max_rel_err(&got, &ops::matmul(&xt, dense.t())?)? < 1e-5);
         Ok(())
     }
@@ -191,8 +272,8 @@ mod tests {
         };
         let wrong_width = mlx_rs::random::normal::<f32>(&[1, 96], None, None, None)?;
         assert!(quantized_matmul(&wrong_width, &qw, &s, &b, spec, Kernel::Best).is_err());
-        let half = mlx_rs::random::normal::<f32>(&[1, 64], None, None, None)?
-            .as_dtype(Dtype::Float16)?;
+        let half =
+            mlx_rs::random::normal::<f32>(&[1, 64], None, None, None)?.as_dtype(Dtype::Float16)?;
         assert!(quantized_matmul(&half, &qw, &s, &b, spec, Kernel::Best).is_err());
         let three_bits = QuantSpec {
             bits: 3,
@@ -201,6 +282,49 @@ mod tests {
         assert!(!supports(three_bits));
         let x = mlx_rs::random::normal::<f32>(&[1, 64], None, None, None)?;
         assert!(quantized_matmul(&x, &qw, &s, &b, three_bits, Kernel::Best).is_err());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod speed {
+    use super::*;
+    use mlx_rs::{ops, transforms::eval};
+
+    /// Not a test: prints the op's time per product (run with --ignored).
+    #[test]
+    #[ignore]
+    fn print_speed() -> Result<()> {
+        for (n, k, bits, rows) in [
+            (1536, 576, 4, 1),
+            (49152, 576, 8, 1),
+            (3072, 576, 4, 1),
+            (576, 1536, 4, 1),
+            (3072, 576, 4, 8),
+            (3072, 576, 4, 16),
+        ] {
+            let w = mlx_rs::random::normal::<f32>(&[n, k], None, None, None)?;
+            let (qw, s, b) = ops::quantize(&w, 32, bits)?;
+            let x = mlx_rs::random::normal::<f32>(&[rows, k], None, None, None)?;
+            eval([&qw, &s, &b, &x])?;
+            let spec = QuantSpec {
+                bits,
+                group_size: 32,
+            };
+            let iters = 200;
+            let t = std::time::Instant::now();
+            for _ in 0..iters {
+                let y = quantized_matmul(&x, &qw, &s, &b, spec, Kernel::Best)?;
+                eval([&y])?;
+            }
+            let per = t.elapsed().as_secs_f64() / iters as f64;
+            let bytes = (qw.nbytes() + s.nbytes() + b.nbytes()) as f64;
+            println!(
+                "[{rows}x{k}] @ [{n}x{k}]^T {bits}-bit: {:.3} ms, {:.1} GB/s",
+                per * 1e3,
+                bytes / per / 1e9
+            );
+        }
         Ok(())
     }
 }

@@ -16,6 +16,7 @@ use mlx_rs::{
 };
 
 use super::config::ModelConfig;
+use super::decode_layer::{decode_layer, FusedLayer, LayerShape};
 use super::error::{ModelError, Result};
 use super::linear::{Embedding, Linear};
 use crate::cache::KvCache;
@@ -99,6 +100,10 @@ pub struct Llama {
     /// Activation dtype (float16 on the native 4-bit path, float32 on the
     /// dequantized path).
     pub dtype: Dtype,
+    /// Every layer's tensors for the fused decode op
+    /// ([`super::decode_layer`]), when every layer qualifies (see
+    /// [`Llama::with_fused_decode`]); `None`: decode runs through MLX ops.
+    pub fused_decode: Option<Vec<FusedLayer>>,
 }
 
 /// One row of a ragged forward pass.
@@ -121,6 +126,11 @@ impl Llama {
     /// MLX errors from graph construction.
     pub fn forward(&self, rows: &mut [RowInput<'_>]) -> Result<Vec<Array>> {
         let vocab = self.config.vocab_size;
+        if let Some(fused) = &self.fused_decode {
+            if !rows.is_empty() && rows.iter().all(|r| r.tokens.len() == 1) {
+                return self.forward_fused_decode(fused, rows);
+            }
+        }
         let mut ids: Vec<u32> = Vec::new();
         let mut lens = Vec::with_capacity(rows.len());
         for row in rows.iter() {
@@ -162,13 +172,68 @@ impl Llama {
         for (row, &t) in rows.iter_mut().zip(&lens) {
             row.cache.advance(t);
         }
+        self.head(&h, rows, &lens)
+    }
+
+    /// Decode step through the fused layer op: every row feeds one token.
+    fn forward_fused_decode(
+        &self,
+        fused: &[FusedLayer],
+        rows: &mut [RowInput<'_>],
+    ) -> Result<Vec<Array>> {
+        let vocab = self.config.vocab_size;
+        let mut ids = Vec::with_capacity(rows.len());
+        for row in rows.iter() {
+            let id = row.tokens[0];
+            if id as usize >= vocab {
+                return Err(ModelError::TokenOutOfRange { id, vocab });
+            }
+            ids.push(id);
+        }
+        let c = &self.config;
+        let shape = LayerShape {
+            heads: c.num_attention_heads as i32,
+            kv_heads: c.num_key_value_heads as i32,
+            head_dim: c.head_dim() as i32,
+            eps: c.rms_norm_eps,
+            rope_theta: c.rope_theta,
+        };
+        let positions: Vec<i32> = rows.iter().map(|r| r.cache.offset() as i32).collect();
+        // What a row's cache buffers look like (dtype, heads, width).
+        let like = Array::zeros::<f32>(&[1, shape.kv_heads, 1, shape.head_dim])?;
+        let ids = Array::from_slice(&ids, &[ids.len() as i32]);
+        let mut h = self.embed.lookup(&ids, self.dtype)?;
+        for (l, layer) in fused.iter().enumerate() {
+            let mut caches = Vec::with_capacity(rows.len());
+            for row in rows.iter_mut() {
+                let pos = row.cache.offset();
+                caches.push(row.cache.take_layer(l, pos + 1, &like)?);
+            }
+            let (out, updated) = decode_layer(&h, layer, shape, caches, &positions)?;
+            for (row, (kb, vb)) in rows.iter_mut().zip(updated) {
+                row.cache.put_layer(l, kb, vb);
+            }
+            h = out;
+        }
+        let lens = vec![1usize; rows.len()];
+        for row in rows.iter_mut() {
+            row.cache.advance(1);
+        }
+        self.head(&h, rows, &lens)
+    }
+
+    /// The final norm and output head over each row's requested positions
+    /// (`h: [N, E]`, rows' tokens in order).
+    fn head(&self, h: &Array, rows: &[RowInput<'_>], lens: &[usize]) -> Result<Vec<Array>> {
+        let vocab = self.config.vocab_size;
+        let eps = self.config.rms_norm_eps;
         // Only the requested positions go through the final norm and the
         // (large) output head, and all rows' positions go through it in one
         // product: the head's weights stream once per step, not once per row.
         let mut picked = Vec::with_capacity(rows.len());
         let mut counts = Vec::with_capacity(rows.len());
         let mut start = 0i32;
-        for (row, &t) in rows.iter().zip(&lens) {
+        for (row, &t) in rows.iter().zip(lens) {
             let from = row.logits_from.min(t) as i32;
             if from < t as i32 {
                 picked.push(h.index((start + from)..(start + t as i32)));
@@ -372,6 +437,17 @@ impl Llama {
             o.transpose_axes(&[0, 2, 1, 3])?
         };
         Ok(o.reshape(&[t, c.num_attention_heads as i32 * d])?)
+    }
+
+    /// Prepares the fused decode op ([`super::decode_layer`]) when it is
+    /// enabled, the activations are float32 and every layer qualifies
+    /// ([`FusedLayer::of`]); otherwise leaves decode on MLX ops.
+    pub fn with_fused_decode(mut self) -> Self {
+        self.fused_decode = None;
+        if self.dtype == Dtype::Float32 && super::decode_layer::enabled() {
+            self.fused_decode = self.layers.iter().map(FusedLayer::of).collect();
+        }
+        self
     }
 
     /// A fresh cache for one row.

@@ -6,6 +6,7 @@ pub mod config;
 pub mod convert;
 pub mod cpu_quant;
 pub mod decode_attention;
+pub mod decode_layer;
 pub mod error;
 pub mod fingerprint;
 pub mod gguf;

@@ -196,7 +196,9 @@ pub fn build_llama(
         norm: vector("model.norm.weight")?,
         lm_head,
         dtype: act,
-    })
+        fused_decode: None,
+    }
+    .with_fused_decode())
 }
 
 /// Activation dtype of the native path: the float dtype the checkpoint's

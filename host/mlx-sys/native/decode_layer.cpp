@@ -1,0 +1,335 @@
+// One Llama-family decoder layer for R decoding rows (one new token each),
+// as one MLX CPU primitive (mlxhost's quantized CPU decode path).
+//
+// Why: MLX's CPU backend costs tens of microseconds per op (graph walk,
+// allocation, a hand-off to the stream's thread), and a decode step through
+// MLX ops is about 25 ops per layer: on SmolLM2 (30 layers) that overhead
+// alone was larger than the matrix products from 4-bit weights. This op
+// runs the whole layer in C++ on the calling stream thread, its matrix
+// products on mlxhost's quantized kernel and thread pool (cpu_kernels.h):
+//
+//   x = rms_norm(h) * input_norm
+//   q, k, v = split(x @ Wqkv^T)              (fused q/k/v projection)
+//   q, k = rope(q, k) at each row's position (half-split, base theta)
+//   K[pos], V[pos] = k, v                    (the row's cache, in place)
+//   a = softmax(q K^T / sqrt(D)) V           (grouped-query heads)
+//   h = h + a @ Wo^T
+//   x = rms_norm(h) * post_attention_norm
+//   g, u = split(x @ Wgate_up^T)
+//   h = h + (silu(g) * u) @ Wdown^T
+//
+// The same math as `Llama::forward` (host/src/model/llama.rs; mlx-lm's
+// models/llama.py), which the host's tests compare it with.
+//
+// Precondition (the host's, as for decode_attention.cpp): each row owns its
+// cache buffers exclusively, so writing in place is invisible to others.
+//
+// Inputs:  h [R, E] float32; input_norm, post_norm [E] float32; then for
+//          qkv, o, gate_up, down: w [N, K * bits / 32] uint32, scales and
+//          biases [N, K / group] float32; then K_0, V_0, ..., K_{R-1},
+//          V_{R-1}: [1, H_kv, cap_r, D] float32 (row-contiguous, cap_r > pos_r).
+// Outputs: h' [R, E] float32, then K'_0, V'_0, ...: the cache buffers.
+// CPU only: on a GPU stream the host never builds this op (eval_gpu throws).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <vector>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/c/error.h"
+#include "mlx/c/private/array.h"
+#include "mlx/primitives.h"
+
+#include "cpu_kernels.h"
+
+namespace mx = mlx::core;
+
+namespace {
+
+struct Shape {
+  int heads, kv_heads, head_dim;
+  float eps, rope_theta;
+  int variant;
+  int bits[4], group[4];
+};
+
+void rms_norm(const float* x, const float* w, float eps, int n, float* out) {
+  double ss = 0;
+  for (int i = 0; i < n; i++)
+    ss += double(x[i]) * x[i];
+  const float inv = 1.0f / std::sqrt(float(ss / n) + eps);
+  for (int i = 0; i < n; i++)
+    out[i] = x[i] * inv * w[i];
+}
+
+// Half-split RoPE (MLX `fast::rope`, traditional = false) of `heads` heads of
+// width D at position `pos`, in place.
+void rope(float* x, int heads, int D, int pos, const std::vector<float>& inv_freq) {
+  const int half = D / 2;
+  for (int j = 0; j < half; j++) {
+    const float theta = float(pos) * inv_freq[j];
+    const float c = std::cos(theta), s = std::sin(theta);
+    for (int h = 0; h < heads; h++) {
+      float* v = x + size_t(h) * D;
+      const float a = v[j], b = v[j + half];
+      v[j] = a * c - b * s;
+      v[j + half] = a * s + b * c;
+    }
+  }
+}
+
+inline float dot(const float* a, const float* b, int n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++)
+      acc[k] += a[i + k] * b[i + k];
+  float s = 0;
+  for (; i < n; i++)
+    s += a[i] * b[i];
+  for (int k = 0; k < 8; k++)
+    s += acc[k];
+  return s;
+}
+
+mlxhost_cpu::Problem problem(
+    const std::vector<mx::array>& in,
+    int first,
+    const float* x,
+    float* y,
+    int M,
+    int bits,
+    int group) {
+  mlxhost_cpu::Problem p;
+  p.x = x;
+  p.w = reinterpret_cast<const uint8_t*>(in[first].data<uint32_t>());
+  p.scales = in[first + 1].data<float>();
+  p.biases = in[first + 2].data<float>();
+  p.y = y;
+  p.M = M;
+  p.N = in[first].shape(0);
+  p.K = int(int64_t(in[first].shape(1)) * 32 / bits);
+  p.bits = bits;
+  p.group = group;
+  return p;
+}
+
+void run(
+    const std::vector<mx::array>& in,
+    std::vector<mx::array>& out,
+    const std::vector<int>& positions,
+    const Shape& sh) {
+  const int R = in[0].shape(0), E = in[0].shape(1);
+  const int H = sh.heads, Hkv = sh.kv_heads, D = sh.head_dim;
+  const int qkv_n = in[3].shape(0);
+  const int inter = in[9].shape(0) / 2;
+  const float* h = in[0].data<float>();
+  float* h_out = out[0].data<float>();
+  std::vector<float> x(size_t(R) * E), qkv(size_t(R) * qkv_n), attn(size_t(R) * H * D);
+  std::vector<float> gu(size_t(R) * 2 * inter), act(size_t(R) * inter), proj(size_t(R) * E);
+  std::vector<float> inv_freq(D / 2);
+  for (int j = 0; j < D / 2; j++)
+    inv_freq[j] = 1.0f / std::pow(sh.rope_theta, float(2 * j) / float(D));
+
+  for (int r = 0; r < R; r++)
+    rms_norm(h + size_t(r) * E, in[1].data<float>(), sh.eps, E, x.data() + size_t(r) * E);
+  mlxhost_cpu::compute(problem(in, 3, x.data(), qkv.data(), R, sh.bits[0], sh.group[0]), sh.variant);
+
+  // RoPE, the cache write and attention, one task per (row, KV head).
+  mlxhost_cpu::parallel_for(R * Hkv, [&](int task) {
+    const int r = task / Hkv, g = task % Hkv;
+    const int pos = positions[r];
+    float* row = qkv.data() + size_t(r) * qkv_n;
+    float* q = row;
+    float* k = row + size_t(H) * D;
+    const float* v = row + size_t(H + Hkv) * D;
+    const int group = H / Hkv;
+    rope(q + size_t(g) * group * D, group, D, pos, inv_freq);
+    rope(k + size_t(g) * D, 1, D, pos, inv_freq);
+    auto& kc = out[1 + 2 * r];
+    auto& vc = out[2 + 2 * r];
+    const int cap = kc.shape(2);
+    float* K = kc.data<float>() + size_t(g) * cap * D;
+    float* V = vc.data<float>() + size_t(g) * cap * D;
+    std::copy(k + size_t(g) * D, k + size_t(g + 1) * D, K + size_t(pos) * D);
+    std::copy(v + size_t(g) * D, v + size_t(g + 1) * D, V + size_t(pos) * D);
+    const float scale = 1.0f / std::sqrt(float(D));
+    std::vector<float> scores(pos + 1), acc(D);
+    for (int hq = g * group; hq < (g + 1) * group; hq++) {
+      const float* qh = q + size_t(hq) * D;
+      float best = -INFINITY;
+      for (int j = 0; j <= pos; j++) {
+        scores[j] = scale * dot(qh, K + size_t(j) * D, D);
+        best = std::max(best, scores[j]);
+      }
+      float total = 0;
+      for (int j = 0; j <= pos; j++) {
+        scores[j] = std::exp(scores[j] - best);
+        total += scores[j];
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int j = 0; j <= pos; j++) {
+        const float p = scores[j] / total;
+        const float* vr = V + size_t(j) * D;
+        for (int d = 0; d < D; d++)
+          acc[d] += p * vr[d];
+      }
+      std::copy(acc.begin(), acc.end(), attn.data() + (size_t(r) * H + hq) * D);
+    }
+  });
+
+  mlxhost_cpu::compute(problem(in, 6, attn.data(), proj.data(), R, sh.bits[1], sh.group[1]), sh.variant);
+  for (size_t i = 0; i < size_t(R) * E; i++)
+    h_out[i] = h[i] + proj[i];
+  for (int r = 0; r < R; r++)
+    rms_norm(h_out + size_t(r) * E, in[2].data<float>(), sh.eps, E, x.data() + size_t(r) * E);
+  mlxhost_cpu::compute(problem(in, 9, x.data(), gu.data(), R, sh.bits[2], sh.group[2]), sh.variant);
+  for (int r = 0; r < R; r++) {
+    const float* gate = gu.data() + size_t(r) * 2 * inter;
+    const float* up = gate + inter;
+    float* a = act.data() + size_t(r) * inter;
+    for (int i = 0; i < inter; i++)
+      a[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  }
+  mlxhost_cpu::compute(problem(in, 12, act.data(), proj.data(), R, sh.bits[3], sh.group[3]), sh.variant);
+  for (size_t i = 0; i < size_t(R) * E; i++)
+    h_out[i] += proj[i];
+}
+
+class DecodeLayer : public mx::Primitive {
+ public:
+  DecodeLayer(mx::Stream s, std::vector<int> positions, Shape shape)
+      : mx::Primitive(s), positions_(std::move(positions)), shape_(shape) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (const auto& a : inputs) {
+      if (!a.flags().row_contiguous)
+        throw std::runtime_error("decode layer: an input is not row-contiguous");
+    }
+    outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
+    for (size_t i = 1; i < outputs.size(); i++)
+      outputs[i].copy_shared_buffer(inputs[i + 14]);
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs)
+      enc.set_input_array(a);
+    for (auto& a : outputs)
+      enc.set_output_array(a);
+    enc.dispatch([inputs, outputs, positions = positions_, shape = shape_]() mutable {
+      run(inputs, outputs, positions, shape);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mlxhost DecodeLayer has no GPU implementation");
+  }
+
+  const char* name() const override {
+    return "MlxhostDecodeLayer";
+  }
+
+ private:
+  std::vector<int> positions_;
+  Shape shape_;
+};
+
+void require(bool ok, const char* what) {
+  if (!ok)
+    throw std::invalid_argument(what);
+}
+
+} // namespace
+
+// Builds the op (lazily). `weights`: 14 arrays (input_norm, post_norm, then
+// w/scales/biases of qkv, o, gate_up, down); `bits`, `groups`: 4 each (qkv,
+// o, gate_up, down). `h_out` gets [R, E]; `new_keys[r]` / `new_values[r]`
+// get row r's cache buffers after the write. Returns 0, or 1 with the error
+// reported through mlx-c's error handler.
+extern "C" int mlxhost_decode_layer(
+    mlx_array* h_out,
+    mlx_array* new_keys,
+    mlx_array* new_values,
+    const mlx_array h,
+    const mlx_array* weights,
+    const int* bits,
+    const int* groups,
+    const mlx_array* keys,
+    const mlx_array* values,
+    const int* positions,
+    int rows,
+    int heads,
+    int kv_heads,
+    int head_dim,
+    float eps,
+    float rope_theta,
+    int variant) {
+  try {
+    const auto& ha = mlx_array_get_(h);
+    require(ha.ndim() == 2 && ha.shape(0) == rows && ha.dtype() == mx::float32,
+            "decode layer: h must be [R, E] float32");
+    require(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim % 2 == 0,
+            "decode layer: heads must be a multiple of kv_heads, head_dim even");
+    const int E = ha.shape(1);
+    Shape sh{heads, kv_heads, head_dim, eps, rope_theta, variant, {}, {}};
+    std::vector<mx::array> inputs = {ha};
+    for (int i = 0; i < 14; i++)
+      inputs.push_back(mlx_array_get_(weights[i]));
+    require(inputs[1].size() == size_t(E) && inputs[2].size() == size_t(E),
+            "decode layer: norms must be [E]");
+    // (first input, expected input width, expected output rows or 0)
+    const int kv_width = kv_heads * head_dim, q_width = heads * head_dim;
+    const int inter2 = inputs[9].shape(0);
+    const int firsts[4] = {3, 6, 9, 12};
+    const int in_widths[4] = {E, q_width, E, inter2 / 2};
+    const int out_rows[4] = {q_width + 2 * kv_width, E, inter2, E};
+    for (int l = 0; l < 4; l++) {
+      const auto& w = inputs[firsts[l]];
+      const auto& s = inputs[firsts[l] + 1];
+      const auto& b = inputs[firsts[l] + 2];
+      require(bits[l] == 4 || bits[l] == 8, "decode layer: bits must be 4 or 8");
+      require(groups[l] > 0 && groups[l] % 32 == 0 && in_widths[l] % groups[l] == 0,
+              "decode layer: group sizes must be multiples of 32 dividing the width");
+      require(w.ndim() == 2 && w.dtype() == mx::uint32 && w.shape(0) == out_rows[l] &&
+                  int64_t(w.shape(1)) * 32 == int64_t(in_widths[l]) * bits[l],
+              "decode layer: a weight does not fit the layer's shape");
+      require(s.dtype() == mx::float32 && b.dtype() == mx::float32 && s.ndim() == 2 &&
+                  b.ndim() == 2 && s.shape(0) == out_rows[l] && b.shape(0) == out_rows[l] &&
+                  s.shape(1) == in_widths[l] / groups[l] && b.shape(1) == s.shape(1),
+              "decode layer: scales/biases do not fit their weight");
+      sh.bits[l] = bits[l];
+      sh.group[l] = groups[l];
+    }
+    std::vector<mx::Shape> shapes = {ha.shape()};
+    std::vector<mx::Dtype> dtypes = {mx::float32};
+    std::vector<int> pos(positions, positions + rows);
+    for (int r = 0; r < rows; r++) {
+      const auto& kc = mlx_array_get_(keys[r]);
+      const auto& vc = mlx_array_get_(values[r]);
+      require(kc.ndim() == 4 && kc.shape() == vc.shape() && kc.shape(1) == kv_heads &&
+                  kc.shape(3) == head_dim && pos[r] >= 0 && pos[r] < kc.shape(2) &&
+                  kc.dtype() == mx::float32 && vc.dtype() == mx::float32,
+              "decode layer: a cache buffer does not fit its row");
+      inputs.push_back(kc);
+      inputs.push_back(vc);
+      shapes.push_back(kc.shape());
+      shapes.push_back(vc.shape());
+      dtypes.push_back(mx::float32);
+      dtypes.push_back(mx::float32);
+    }
+    auto stream = mx::default_stream(mx::Device::cpu);
+    auto prim = std::make_shared<DecodeLayer>(stream, std::move(pos), sh);
+    auto outs = mx::array::make_arrays(std::move(shapes), dtypes, prim, inputs);
+    mlx_array_set_(*h_out, outs[0]);
+    for (int r = 0; r < rows; r++) {
+      mlx_array_set_(new_keys[r], outs[1 + 2 * r]);
+      mlx_array_set_(new_values[r], outs[2 + 2 * r]);
+    }
+  } catch (std::exception& e) {
+    mlx_error(e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,191 @@
+//! A whole decoder layer for the rows of a step that all decode one token,
+//! as one MLX op (`mlxhost_decode_layer`, a CPU primitive in
+//! `host/mlx-sys/native/decode_layer.cpp`): RMSNorm, the fused q/k/v
+//! product, RoPE, the in-place cache write, attention, the output
+//! projection, RMSNorm, gate/up, SiLU and down, with the matrix products
+//! on our quantized kernel ([`super::cpu_quant`]).
+//!
+//! Why: MLX's CPU backend costs tens of microseconds per op and a decode
+//! layer through MLX ops is about 25 ops; from 4-bit weights that overhead
+//! was larger than the products themselves (SmolLM2: ~25 of ~40 ms per
+//! token). The op keeps the math of [`super::Llama::forward`] (the tests
+//! compare both paths) and the cache contract of
+//! [`super::decode_attention`]: a decoding row owns its KV buffers.
+//!
+//! Chosen when every row of the step decodes one token, the model runs the
+//! quantized compute path on the CPU backend, every linear of the layer is
+//! quantized in a layout the kernel computes, q/k/v and gate/up are fused,
+//! and `MLXHOST_DECODE_LAYER` is not `mlx` (a benchmarking switch back to
+//! the per-op graph).
+
+use std::sync::OnceLock;
+
+use mlx_rs::{error::Exception, Array, Dtype};
+
+use super::config::QuantSpec;
+use super::cpu_quant;
+use super::error::Result;
+use super::linear::Linear;
+use super::llama::{Layer, Projections};
+
+/// Whether the fused op may be used at all (CPU backend, kernels on, not
+/// switched off).
+pub fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        cpu_quant::enabled()
+            && super::decode_attention::enabled()
+            && std::env::var("MLXHOST_DECODE_LAYER").as_deref() != Ok("mlx")
+    })
+}
+
+/// A layer's tensors in the op's order, when the op can compute it.
+#[derive(Debug, Clone)]
+pub struct FusedLayer {
+    /// input norm, post-attention norm, then weight/scales/biases of qkv,
+    /// o, gate_up, down (14 arrays).
+    tensors: Vec<Array>,
+    bits: [i32; 4],
+    groups: [i32; 4],
+}
+
+impl FusedLayer {
+    /// The layer's tensors when every linear is a float32-scaled quantized
+    /// weight the kernel computes and q/k/v and gate/up are fused; `None`
+    /// otherwise (the layer then runs through MLX ops).
+    pub fn of(layer: &Layer) -> Option<FusedLayer> {
+        let fused = |p: &Projections| match p {
+            Projections::Fused(lin, _) => Some(lin.clone()),
+            Projections::Separate(_) => None,
+        };
+        let linears = [
+            fused(&layer.qkv)?,
+            layer.o_proj.clone(),
+            fused(&layer.gate_up)?,
+            layer.down_proj.clone(),
+        ];
+        if layer.input_norm.dtype() != Dtype::Float32
+            || layer.post_attention_norm.dtype() != Dtype::Float32
+        {
+            return None;
+        }
+        let mut tensors = vec![layer.input_norm.clone(), layer.post_attention_norm.clone()];
+        let mut bits = [0; 4];
+        let mut groups = [0; 4];
+        for (i, lin) in linears.iter().enumerate() {
+            let Linear::Quantized {
+                weight,
+                scales,
+                biases,
+                spec,
+            } = lin
+            else {
+                return None;
+            };
+            if !cpu_quant::supports(*spec) || scales.dtype() != Dtype::Float32 {
+                return None;
+            }
+            let QuantSpec {
+                bits: b,
+                group_size,
+            } = *spec;
+            bits[i] = b;
+            groups[i] = group_size;
+            tensors.extend([weight.clone(), scales.clone(), biases.clone()]);
+        }
+        Some(FusedLayer {
+            tensors,
+            bits,
+            groups,
+        })
+    }
+}
+
+/// Attention and MLP hyper-parameters the op needs.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerShape {
+    /// Query heads.
+    pub heads: i32,
+    /// KV heads (grouped-query attention: `heads % kv_heads == 0`).
+    pub kv_heads: i32,
+    /// Head width `D` (even).
+    pub head_dim: i32,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+    /// RoPE base (half-split RoPE, no scaling).
+    pub rope_theta: f32,
+}
+
+/// One layer for `R` decode rows: `h [R, E]` float32 (the residual stream),
+/// `caches[r]`: row r's key and value buffers `[1, H_kv, capacity, D]`
+/// float32, owned by that row alone, with `positions[r] < capacity`.
+/// Returns `h' [R, E]` and every row's buffers after the write (lazy; the
+/// same storage).
+///
+/// Errors: shapes or dtypes that do not fit.
+pub fn decode_layer(
+    h: &Array,
+    layer: &FusedLayer,
+    shape: LayerShape,
+    caches: Vec<(Array, Array)>,
+    positions: &[i32],
+) -> Result<(Array, Vec<(Array, Array)>)> {
+    let rows = positions.len();
+    if caches.len() != rows || h.shape().first() != Some(&(rows as i32)) {
+        return Err(Exception::custom(format!(
+            "decode layer: {rows} positions, {} caches, h of shape {:?}",
+            caches.len(),
+            h.shape()
+        ))
+        .into());
+    }
+    let weights: Vec<mlx_sys::mlx_array> = layer.tensors.iter().map(|a| a.as_ptr()).collect();
+    let keys: Vec<mlx_sys::mlx_array> = caches.iter().map(|(k, _)| k.as_ptr()).collect();
+    let values: Vec<mlx_sys::mlx_array> = caches.iter().map(|(_, v)| v.as_ptr()).collect();
+    // SAFETY: as in `decode_attention`: fresh handles filled by the call and
+    // wrapped right after; inputs borrowed for the call's duration.
+    let (status, out, new_k, new_v) = unsafe {
+        let mut out = mlx_sys::mlx_array_new();
+        let mut new_k: Vec<_> = (0..rows).map(|_| mlx_sys::mlx_array_new()).collect();
+        let mut new_v: Vec<_> = (0..rows).map(|_| mlx_sys::mlx_array_new()).collect();
+        let status = mlx_sys::mlxhost_decode_layer(
+            &mut out,
+            new_k.as_mut_ptr(),
+            new_v.as_mut_ptr(),
+            h.as_ptr(),
+            weights.as_ptr(),
+            layer.bits.as_ptr(),
+            layer.groups.as_ptr(),
+            keys.as_ptr(),
+            values.as_ptr(),
+            positions.as_ptr(),
+            rows as i32,
+            shape.heads,
+            shape.kv_heads,
+            shape.head_dim,
+            shape.eps,
+            shape.rope_theta,
+            0,
+        );
+        (
+            status,
+            Array::from_ptr(out),
+            new_k
+                .into_iter()
+                .map(|a| Array::from_ptr(a))
+                .collect::<Vec<_>>(),
+            new_v
+                .into_iter()
+                .map(|a| Array::from_ptr(a))
+                .collect::<Vec<_>>(),
+        )
+    };
+    drop(caches);
+    if status != 0 {
+        return Err(Exception::custom(
+            "decode layer: the fused op rejected its inputs (shapes, dtypes or positions)",
+        )
+        .into());
+    }
+    Ok((out, new_k.into_iter().zip(new_v).collect()))
+}
