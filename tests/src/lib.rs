@@ -90,6 +90,21 @@ pub fn mlxhost_ok(args: &[&str]) -> String {
     String::from_utf8(out.stdout).expect("utf-8 stdout")
 }
 
+/// As [`mlxhost_ok`], with extra environment variables.
+pub fn mlxhost_ok_env(args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = Command::new(binary())
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run mlxhost");
+    assert!(
+        out.status.success(),
+        "mlxhost {args:?} ({env:?}) failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 stdout")
+}
+
 /// Parsed `mlxhost score` output: per line, per step `(token, logprob, top)`.
 pub fn parse_score(stdout: &str) -> Vec<mlxhost::score::ScoreOutput> {
     stdout

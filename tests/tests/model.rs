@@ -70,8 +70,47 @@ fn float32_path_matches_mlx_lm_within_0_1_nats() {
 }
 
 #[test]
-fn default_path_is_float32_on_cpu_and_matches() {
-    check_against_reference("auto", FLOAT32_TOL, &[]);
+fn default_path_is_quantized_on_cpu_and_matches() {
+    check_against_reference("auto", NATIVE_TOL, &[]);
+}
+
+/// The quantized path keeps the checkpoint's 4/8-bit weights (prefill:
+/// tiles dequantized into BLAS, exact in float32).
+#[test]
+fn quantized_path_matches_mlx_lm_within_0_05_nats() {
+    check_against_reference("quantized", NATIVE_TOL, &[]);
+}
+
+/// Teacher-forced one token per step: the fused decoder-layer op and the
+/// int8-activation kernel, what generation runs on the quantized path.
+#[test]
+fn quantized_decode_path_matches_mlx_lm_within_0_05_nats() {
+    check_against_reference("quantized", NATIVE_TOL, &["--decode"]);
+}
+
+/// The fused decode op against the same model through MLX ops
+/// (`MLXHOST_DECODE_LAYER=mlx`), rows decoding together and alone.
+#[test]
+fn fused_decode_layer_scores_like_mlx_ops() {
+    let input = score_input(&reference_rows());
+    let path = input.path().to_str().expect("path");
+    let args = [
+        "score",
+        "--dtype",
+        "quantized",
+        "--decode",
+        "--input",
+        path,
+        "--batch-size",
+    ];
+    let fused_batched = parse_score(&mlxhost_ok(&[&args[..], &["3"]].concat()));
+    let fused_alone = parse_score(&mlxhost_ok(&[&args[..], &["1"]].concat()));
+    let unfused = parse_score(&mlxhost_ok_env(
+        &[&args[..], &["1"]].concat(),
+        &[("MLXHOST_DECODE_LAYER", "mlx")],
+    ));
+    assert_scores_close(&fused_alone, &unfused, 5e-3);
+    assert_scores_close(&fused_batched, &fused_alone, 5e-3);
 }
 
 #[test]

@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <vector>
@@ -53,7 +54,7 @@ namespace {
 struct Shape {
   int heads, kv_heads, head_dim;
   float eps, rope_theta;
-  int variant;
+  int variant[4]; // per product: qkv, o, gate_up, down
   int bits[4], group[4];
 };
 
@@ -137,7 +138,7 @@ void run(
 
   for (int r = 0; r < R; r++)
     rms_norm(h + size_t(r) * E, in[1].data<float>(), sh.eps, E, x.data() + size_t(r) * E);
-  mlxhost_cpu::compute(problem(in, 3, x.data(), qkv.data(), R, sh.bits[0], sh.group[0]), sh.variant);
+  mlxhost_cpu::compute(problem(in, 3, x.data(), qkv.data(), R, sh.bits[0], sh.group[0]), sh.variant[0]);
 
   // RoPE, the cache write and attention, one task per (row, KV head).
   mlxhost_cpu::parallel_for(R * Hkv, [&](int task) {
@@ -182,12 +183,12 @@ void run(
     }
   });
 
-  mlxhost_cpu::compute(problem(in, 6, attn.data(), proj.data(), R, sh.bits[1], sh.group[1]), sh.variant);
+  mlxhost_cpu::compute(problem(in, 6, attn.data(), proj.data(), R, sh.bits[1], sh.group[1]), sh.variant[1]);
   for (size_t i = 0; i < size_t(R) * E; i++)
     h_out[i] = h[i] + proj[i];
   for (int r = 0; r < R; r++)
     rms_norm(h_out + size_t(r) * E, in[2].data<float>(), sh.eps, E, x.data() + size_t(r) * E);
-  mlxhost_cpu::compute(problem(in, 9, x.data(), gu.data(), R, sh.bits[2], sh.group[2]), sh.variant);
+  mlxhost_cpu::compute(problem(in, 9, x.data(), gu.data(), R, sh.bits[2], sh.group[2]), sh.variant[2]);
   for (int r = 0; r < R; r++) {
     const float* gate = gu.data() + size_t(r) * 2 * inter;
     const float* up = gate + inter;
@@ -195,7 +196,7 @@ void run(
     for (int i = 0; i < inter; i++)
       a[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
   }
-  mlxhost_cpu::compute(problem(in, 12, act.data(), proj.data(), R, sh.bits[3], sh.group[3]), sh.variant);
+  mlxhost_cpu::compute(problem(in, 12, act.data(), proj.data(), R, sh.bits[3], sh.group[3]), sh.variant[3]);
   for (size_t i = 0; i < size_t(R) * E; i++)
     h_out[i] += proj[i];
 }
@@ -273,7 +274,9 @@ extern "C" int mlxhost_decode_layer(
     require(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim % 2 == 0,
             "decode layer: heads must be a multiple of kv_heads, head_dim even");
     const int E = ha.shape(1);
-    Shape sh{heads, kv_heads, head_dim, eps, rope_theta, variant, {}, {}};
+    Shape sh{heads, kv_heads, head_dim, eps, rope_theta, {}, {}, {}};
+    for (int l = 0; l < 4; l++)
+      sh.variant[l] = variant;
     std::vector<mx::array> inputs = {ha};
     for (int i = 0; i < 14; i++)
       inputs.push_back(mlx_array_get_(weights[i]));

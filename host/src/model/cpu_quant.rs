@@ -6,8 +6,8 @@
 //! streams from memory. The float32 path streams 8x the bytes of 4-bit
 //! weights, and MLX's own CPU `quantized_matmul` is slower still (it is a
 //! reference loop). The op dequantizes each group of 32 weights in registers
-//! (AVX2 + FMA where present, else a portable loop the compiler vectorizes)
-//! and multiplies it with up to 4 rows of `x` at a time, for 1 to 16 rows
+//! (AVX-512 or AVX2 + FMA where present, else a portable loop the compiler
+//! vectorizes) and multiplies it with up to 4 rows of `x` at a time, for 1 to 16 rows
 //! (decode at every batch size the scheduler uses); more rows (prefill)
 //! dequantize L2-sized tiles of W into float32 and run BLAS on them. Work is
 //! split over output rows on a pool of `MLXHOST_CPU_THREADS` threads
@@ -56,24 +56,47 @@ pub fn max_kernel_rows() -> usize {
 /// float32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
-    /// The default: `x` rounded to int8 per block of 32 (`d = max|x| / 127`,
-    /// llama.cpp's Q8 activations) and integer dot products with the
-    /// weights (AVX2); the portable float loop on CPUs without AVX2.
-    Best,
-    /// Float32 activations, weights dequantized in registers (portable C++
-    /// the compiler vectorizes; NEON on Apple CPUs).
-    Portable,
-    /// Float32 activations with AVX2 + FMA (portable without AVX2).
+    /// The default: float32 activations, weights dequantized in registers
+    /// with the widest SIMD the CPU has (AVX-512, else AVX2 + FMA, else
+    /// the portable loop). Exact: the same products as dequantize-then-dot.
     Float,
+    /// `x` rounded to int8 per block of 32 (`d = max|x| / 127`, llama.cpp's
+    /// Q8 activations) and integer dot products (AVX2). Against the AVX2
+    /// float kernel it made SmolLM2 decode 1.3-1.5x faster here (13-15 vs
+    /// 20 ms per token), but it is slower than the AVX-512 float kernel
+    /// (14 vs 12 ms) and it moved teacher-forced logprobs by up to 0.15
+    /// nats (top-1) and 0.33 (top-5) against mlx-lm, outside semantics.md's
+    /// thresholds, so it is opt-in (`MLXHOST_QUANTIZED_KERNEL=int8`).
+    Int8,
+    /// Float32 activations, portable C++ the compiler vectorizes (NEON on
+    /// Apple CPUs).
+    Portable,
+    /// Float32 activations with AVX2 + FMA even where AVX-512 exists (tests).
+    FloatAvx2,
 }
 
 impl Kernel {
     fn code(self) -> i32 {
         match self {
-            Kernel::Best => 0,
+            Kernel::Int8 => 0,
             Kernel::Portable => 1,
             Kernel::Float => 2,
+            Kernel::FloatAvx2 => 3,
         }
+    }
+
+    /// The decoder layers' kernel on the quantized path: [`Kernel::Float`],
+    /// or [`Kernel::Int8`] when `MLXHOST_QUANTIZED_KERNEL=int8`.
+    pub fn for_layers() -> Kernel {
+        match std::env::var("MLXHOST_QUANTIZED_KERNEL").as_deref() {
+            Ok("int8") => Kernel::Int8,
+            _ => Kernel::Float,
+        }
+    }
+
+    /// The `variant` code of the C++ ops.
+    pub fn variant(self) -> i32 {
+        self.code()
     }
 }
 
@@ -169,9 +192,14 @@ mod tests {
                             x.clone()
                         };
                         let want8 = ops::matmul(&x8, dense.t())?;
-                        for kernel in [Kernel::Best, Kernel::Portable, Kernel::Float] {
+                        for kernel in [
+                            Kernel::Int8,
+                            Kernel::Portable,
+                            Kernel::Float,
+                            Kernel::FloatAvx2,
+                        ] {
                             let got = quantized_matmul(&x, &qw, &s, &b, spec, kernel)?;
-                            let want = if kernel == Kernel::Best {
+                            let want = if kernel == Kernel::Int8 {
                                 &want8
                             } else {
                                 &want
@@ -236,7 +264,7 @@ mod tests {
             group_size: 32,
         };
         let exact = quantized_matmul(&x, &qw, &s, &b, spec, Kernel::Float)?;
-        let int8 = quantized_matmul(&x, &qw, &s, &b, spec, Kernel::Best)?;
+        let int8 = quantized_matmul(&x, &qw, &s, &b, spec, Kernel::Int8)?;
         let err = max_rel_err(&int8, &exact)?;
         assert!(err < 0.02, "int8 activations moved the product by {err}");
         Ok(())
@@ -271,17 +299,17 @@ mod tests {
             group_size: 32,
         };
         let wrong_width = mlx_rs::random::normal::<f32>(&[1, 96], None, None, None)?;
-        assert!(quantized_matmul(&wrong_width, &qw, &s, &b, spec, Kernel::Best).is_err());
+        assert!(quantized_matmul(&wrong_width, &qw, &s, &b, spec, Kernel::Float).is_err());
         let half =
             mlx_rs::random::normal::<f32>(&[1, 64], None, None, None)?.as_dtype(Dtype::Float16)?;
-        assert!(quantized_matmul(&half, &qw, &s, &b, spec, Kernel::Best).is_err());
+        assert!(quantized_matmul(&half, &qw, &s, &b, spec, Kernel::Float).is_err());
         let three_bits = QuantSpec {
             bits: 3,
             group_size: 32,
         };
         assert!(!supports(three_bits));
         let x = mlx_rs::random::normal::<f32>(&[1, 64], None, None, None)?;
-        assert!(quantized_matmul(&x, &qw, &s, &b, three_bits, Kernel::Best).is_err());
+        assert!(quantized_matmul(&x, &qw, &s, &b, three_bits, Kernel::Float).is_err());
         Ok(())
     }
 }
@@ -314,7 +342,7 @@ mod speed {
             let iters = 200;
             let t = std::time::Instant::now();
             for _ in 0..iters {
-                let y = quantized_matmul(&x, &qw, &s, &b, spec, Kernel::Best)?;
+                let y = quantized_matmul(&x, &qw, &s, &b, spec, Kernel::Float)?;
                 eval([&y])?;
             }
             let per = t.elapsed().as_secs_f64() / iters as f64;

@@ -119,8 +119,8 @@ pub struct LayerShape {
 /// One layer for `R` decode rows: `h [R, E]` float32 (the residual stream),
 /// `caches[r]`: row r's key and value buffers `[1, H_kv, capacity, D]`
 /// float32, owned by that row alone, with `positions[r] < capacity`.
-/// Returns `h' [R, E]` and every row's buffers after the write (lazy; the
-/// same storage).
+/// `kernel`: the products' CPU kernel. Returns `h' [R, E]` and every
+/// row's buffers after the write (lazy; the same storage).
 ///
 /// Errors: shapes or dtypes that do not fit.
 pub fn decode_layer(
@@ -129,6 +129,7 @@ pub fn decode_layer(
     shape: LayerShape,
     caches: Vec<(Array, Array)>,
     positions: &[i32],
+    kernel: cpu_quant::Kernel,
 ) -> Result<(Array, Vec<(Array, Array)>)> {
     let rows = positions.len();
     if caches.len() != rows || h.shape().first() != Some(&(rows as i32)) {
@@ -165,7 +166,7 @@ pub fn decode_layer(
             shape.head_dim,
             shape.eps,
             shape.rope_theta,
-            0,
+            kernel.variant(),
         );
         (
             status,

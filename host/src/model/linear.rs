@@ -32,8 +32,15 @@ pub enum Linear {
 }
 
 impl Linear {
-    /// `x: [..., in]` -> `[..., out]`.
+    /// `x: [..., in]` -> `[..., out]`, exact in the compute dtype (on the
+    /// CPU, quantized products take the float32 kernel).
     pub fn forward(&self, x: &Array) -> Result<Array> {
+        self.forward_with(x, cpu_quant::Kernel::Float)
+    }
+
+    /// As [`Linear::forward`], with the CPU kernel for decode-sized
+    /// quantized products chosen by the caller ([`cpu_quant::Kernel`]).
+    pub fn forward_with(&self, x: &Array, kernel: cpu_quant::Kernel) -> Result<Array> {
         Ok(match self {
             Linear::Dense { weight_t } => ops::matmul(x, weight_t)?,
             Linear::Quantized {
@@ -57,14 +64,7 @@ impl Linear {
                     && cpu_quant::enabled()
                     && cpu_quant::supports(*spec)
                 {
-                    cpu_quant::quantized_matmul(
-                        &xc,
-                        weight,
-                        scales,
-                        biases,
-                        *spec,
-                        cpu_quant::Kernel::Best,
-                    )?
+                    cpu_quant::quantized_matmul(&xc, weight, scales, biases, *spec, kernel)?
                 } else {
                     ops::quantized_matmul(
                         &xc,

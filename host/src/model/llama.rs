@@ -16,6 +16,7 @@ use mlx_rs::{
 };
 
 use super::config::ModelConfig;
+use super::cpu_quant::Kernel;
 use super::decode_layer::{decode_layer, FusedLayer, LayerShape};
 use super::error::{ModelError, Result};
 use super::linear::{Embedding, Linear};
@@ -41,12 +42,15 @@ impl Projections {
         })
     }
 
-    /// `x: [N, in]` -> one `[N, out_i]` per part.
-    pub fn forward(&self, x: &Array) -> Result<Vec<Array>> {
+    /// `x: [N, in]` -> one `[N, out_i]` per part (`kernel`: see
+    /// [`Linear::forward_with`]).
+    pub fn forward(&self, x: &Array, kernel: Kernel) -> Result<Vec<Array>> {
         match self {
-            Projections::Separate(parts) => parts.iter().map(|p| p.forward(x)).collect(),
+            Projections::Separate(parts) => {
+                parts.iter().map(|p| p.forward_with(x, kernel)).collect()
+            }
             Projections::Fused(lin, widths) => {
-                let y = lin.forward(x)?;
+                let y = lin.forward_with(x, kernel)?;
                 let mut out = Vec::with_capacity(widths.len());
                 let mut start = 0;
                 for w in widths {
@@ -104,6 +108,11 @@ pub struct Llama {
     /// ([`super::decode_layer`]), when every layer qualifies (see
     /// [`Llama::with_fused_decode`]); `None`: decode runs through MLX ops.
     pub fused_decode: Option<Vec<FusedLayer>>,
+    /// CPU kernel for the decoder layers' decode-sized quantized products
+    /// ([`Kernel::for_layers`] on the quantized path, else
+    /// [`Kernel::Float`]). The output head always takes the exact float32
+    /// kernel: int8 activations there alone moved logprobs by ~0.09 nats.
+    pub layer_kernel: Kernel,
 }
 
 /// One row of a ragged forward pass.
@@ -162,12 +171,12 @@ impl Llama {
         for (l, layer) in self.layers.iter().enumerate() {
             let x = fast::rms_norm(&h, Some(&layer.input_norm), eps)?;
             let attn = self.attention(l, layer, &x, rows, &lens, &positions)?;
-            h = ops::add(&h, &layer.o_proj.forward(&attn)?)?;
+            h = ops::add(&h, &layer.o_proj.forward_with(&attn, self.layer_kernel)?)?;
             let x = fast::rms_norm(&h, Some(&layer.post_attention_norm), eps)?;
-            let gu = layer.gate_up.forward(&x)?;
+            let gu = layer.gate_up.forward(&x, self.layer_kernel)?;
             let (gate, up) = (&gu[0], &gu[1]);
             let act = ops::multiply(ops::multiply(gate, ops::sigmoid(gate)?)?, up)?;
-            h = ops::add(&h, &layer.down_proj.forward(&act)?)?;
+            h = ops::add(&h, &layer.down_proj.forward_with(&act, self.layer_kernel)?)?;
         }
         for (row, &t) in rows.iter_mut().zip(&lens) {
             row.cache.advance(t);
@@ -209,7 +218,8 @@ impl Llama {
                 let pos = row.cache.offset();
                 caches.push(row.cache.take_layer(l, pos + 1, &like)?);
             }
-            let (out, updated) = decode_layer(&h, layer, shape, caches, &positions)?;
+            let (out, updated) =
+                decode_layer(&h, layer, shape, caches, &positions, self.layer_kernel)?;
             for (row, (kb, vb)) in rows.iter_mut().zip(updated) {
                 row.cache.put_layer(l, kb, vb);
             }
@@ -294,7 +304,7 @@ impl Llama {
         let c = &self.config;
         let d = c.head_dim() as i32;
         let (nh, nkv) = (c.num_attention_heads as i32, c.num_key_value_heads as i32);
-        let qkv = layer.qkv.forward(x)?;
+        let qkv = layer.qkv.forward(x, self.layer_kernel)?;
         let n = qkv[0].shape()[0];
         // Half-split (non-traditional) RoPE at each token's own position.
         let rope = |a: &Array, heads: i32| {

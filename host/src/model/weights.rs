@@ -197,6 +197,10 @@ pub fn build_llama(
         lm_head,
         dtype: act,
         fused_decode: None,
+        layer_kernel: match compute {
+            ComputeDtype::Quantized => super::cpu_quant::Kernel::for_layers(),
+            _ => super::cpu_quant::Kernel::Float,
+        },
     }
     .with_fused_decode())
 }
