@@ -14,3 +14,9 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import mlx_lm" 2>/dev
   "$VENV/bin/pip" install -q "mlx-lm==0.32.2" "mlx[cpu]"
 fi
 OPENBLAS=$(ls /usr/lib/*-linux-gnu/libopenblas.so.0 2>/dev/null | head -1)
+# OpenBLAS 0.3.21 does not know this CPU and falls back to its SSE3 kernels; mlxhost re-runs
+# itself with OPENBLAS_CORETYPE set (runtime::better_openblas_coretype), and the peers get the
+# same kernels here so float32 runs compare like with like.
+if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
+  export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-SkylakeX}"
+fi

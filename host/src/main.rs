@@ -5,5 +5,24 @@
 mod cli;
 
 fn main() -> std::process::ExitCode {
+    reexec_with_better_blas();
     cli::run()
+}
+
+/// OpenBLAS picks its kernels when it loads, before `main`; when it fell
+/// back to a generic set on a CPU it does not know, run again with
+/// `OPENBLAS_CORETYPE` naming the right one (same arguments, same PID).
+/// Failing to re-exec leaves the process running as it is.
+fn reexec_with_better_blas() {
+    #[cfg(unix)]
+    if let Some(core) = mlxhost::runtime::better_openblas_coretype() {
+        use std::os::unix::process::CommandExt;
+        if let Ok(exe) = std::env::current_exe() {
+            let err = std::process::Command::new(exe)
+                .args(std::env::args_os().skip(1))
+                .env("OPENBLAS_CORETYPE", core)
+                .exec();
+            eprintln!("mlxhost: could not re-run with OPENBLAS_CORETYPE={core}: {err}");
+        }
+    }
 }

@@ -923,3 +923,12 @@ extern "C" int mlxhost_quantized_matmul_max_rows() {
 extern "C" int mlxhost_cpu_threads() {
   return mlxhost_cpu::threads();
 }
+
+// The CPU kernel set OpenBLAS chose at load (`openblas_get_corename`, looked
+// up at run time because the BLAS may not be OpenBLAS), or null.
+#include <dlfcn.h>
+extern "C" const char* mlxhost_blas_corename() {
+  using Fn = const char* (*)();
+  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  return fn ? fn() : nullptr;
+}

@@ -99,6 +99,10 @@ extern "C" {
         variant: ::std::os::raw::c_int,
     ) -> ::std::os::raw::c_int;
 
+    /// The kernel set OpenBLAS chose at load (`openblas_get_corename`), or
+    /// null when the BLAS is not OpenBLAS.
+    pub fn mlxhost_blas_corename() -> *const ::std::os::raw::c_char;
+
     /// Threads of mlxhost's CPU kernel pool (caller included).
     pub fn mlxhost_cpu_threads() -> ::std::os::raw::c_int;
 }
