@@ -761,16 +761,29 @@ void compute(const Problem& p, int variant) {
     });
     return;
   }
-  // Prefill: tiles of W rows that fit in about 1 MiB as float32, dequantized
-  // by the pool, multiplied by BLAS.
-  const int tile = std::max(16, int((size_t(1) << 20) / (sizeof(float) * size_t(p.K))));
-  std::vector<float> buf(size_t(std::min(tile, p.N)) * p.K);
+  // Prefill: tiles of W rows of up to `MLXHOST_PREFILL_TILE_MIB` (default 8)
+  // MiB as float32, dequantized by the pool, multiplied by BLAS. Large tiles:
+  // each tile costs a pool wake-up and a BLAS call on fewer columns; 1 MiB
+  // tiles made SmolLM2's prefill ~18% slower than the float32 path.
+  static const size_t tile_bytes = [] {
+    const char* env = std::getenv("MLXHOST_PREFILL_TILE_MIB");
+    const int mib = env ? std::max(1, std::atoi(env)) : 8;
+    return size_t(mib) << 20;
+  }();
+  const int tile = std::max(16, int(tile_bytes / (sizeof(float) * size_t(p.K))));
+  // Kept between calls (per thread): a fresh multi-MiB buffer per product
+  // pays its page faults again every time.
+  static thread_local std::vector<float> buf;
+  if (buf.size() < size_t(std::min(tile, p.N)) * p.K)
+    buf.resize(size_t(std::min(tile, p.N)) * p.K);
+  // The pool's workers see their own `buf`: hand them this thread's storage.
+  float* const tile_buf = buf.data();
   for (int t0 = 0; t0 < p.N; t0 += tile) {
     const int t1 = std::min(p.N, t0 + tile);
     parallel_rows(
         t1 - t0,
         4,
-        [&](int a, int b) { dequant_rows(p, t0 + a, t0 + b, buf.data() + size_t(a) * p.K); },
+        [&](int a, int b) { dequant_rows(p, t0 + a, t0 + b, tile_buf + size_t(a) * p.K); },
         false);
     cblas_sgemm(
         kCblasRowMajor,
@@ -782,7 +795,7 @@ void compute(const Problem& p, int variant) {
         1.0f,
         p.x,
         p.K,
-        buf.data(),
+        tile_buf,
         p.K,
         0.0f,
         p.y + t0,
