@@ -36,6 +36,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -261,6 +262,55 @@ void kernel_portable(const Problem& p, int n0, int n1) {
   }
 }
 
+// Runs block(MC, m0, c0, c1) over chunks [c0, c1) of the weight rows [n0, n1)
+// that stay in L1 while every block of up to 4 x rows reads them (MC a
+// compile-time `std::integral_constant`), so a 16-row product still streams
+// W from memory once.
+template <typename Block>
+inline void for_row_blocks(const Problem& p, int bits, int n0, int n1, Block&& block) {
+  const int row_bytes = p.K * bits / 8;
+  const int chunk = std::max(1, (16 * 1024) / std::max(1, row_bytes));
+  for (int c0 = n0; c0 < n1; c0 += chunk) {
+    const int c1 = std::min(n1, c0 + chunk);
+    int m = 0;
+    for (; m + 4 <= p.M; m += 4)
+      block(std::integral_constant<int, 4>{}, m, c0, c1);
+    switch (p.M - m) {
+      case 3:
+        block(std::integral_constant<int, 3>{}, m, c0, c1);
+        break;
+      case 2:
+        block(std::integral_constant<int, 2>{}, m, c0, c1);
+        break;
+      case 1:
+        block(std::integral_constant<int, 1>{}, m, c0, c1);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+// Calls f(PG): the blocks of 32 per weight group as a compile-time constant
+// (1, 2, 4 for groups of 32, 64, 128, so the group index is a shift), 0 for
+// other group sizes (a division).
+template <typename F>
+inline void with_blocks_per_group(int group, F&& f) {
+  switch (group) {
+    case 32:
+      f(std::integral_constant<int, 1>{});
+      break;
+    case 64:
+      f(std::integral_constant<int, 2>{});
+      break;
+    case 128:
+      f(std::integral_constant<int, 4>{});
+      break;
+    default:
+      f(std::integral_constant<int, 0>{});
+  }
+}
+
 #if defined(__x86_64__)
 __attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v);
@@ -335,30 +385,10 @@ block_avx2(const Problem& p, int m0, int n0, int n1) {
 }
 
 template <int BITS>
-__attribute__((target("avx2,fma"))) void kernel_avx2(const Problem& p, int n0, int n1) {
-  // Weight rows in chunks that stay in L1 while every block of x rows reads
-  // them, so a 16-row product still streams W from memory once.
-  const int row_bytes = p.K * BITS / 8;
-  const int chunk = std::max(1, (16 * 1024) / std::max(1, row_bytes));
-  for (int c0 = n0; c0 < n1; c0 += chunk) {
-    const int c1 = std::min(n1, c0 + chunk);
-    int m = 0;
-    for (; m + 4 <= p.M; m += 4)
-      block_avx2<BITS, 4>(p, m, c0, c1);
-    switch (p.M - m) {
-      case 3:
-        block_avx2<BITS, 3>(p, m, c0, c1);
-        break;
-      case 2:
-        block_avx2<BITS, 2>(p, m, c0, c1);
-        break;
-      case 1:
-        block_avx2<BITS, 1>(p, m, c0, c1);
-        break;
-      default:
-        break;
-    }
-  }
+void kernel_avx2(const Problem& p, int n0, int n1) {
+  for_row_blocks(p, BITS, n0, n1, [&](auto mc, int m, int c0, int c1) {
+    block_avx2<BITS, decltype(mc)::value>(p, m, c0, c1);
+  });
 }
 
 #endif
@@ -492,47 +522,13 @@ block_q8_avx2(const Problem& p, const QuantX& qx, int m0, int n0, int n1) {
   }
 }
 
-template <int BITS, int PG>
-__attribute__((target("avx2,fma"))) void
-kernel_q8_rows(const Problem& p, const QuantX& qx, int n0, int n1) {
-  const int row_bytes = p.K * BITS / 8;
-  const int chunk = std::max(1, (16 * 1024) / std::max(1, row_bytes));
-  for (int c0 = n0; c0 < n1; c0 += chunk) {
-    const int c1 = std::min(n1, c0 + chunk);
-    int m = 0;
-    for (; m + 4 <= p.M; m += 4)
-      block_q8_avx2<BITS, 4, PG>(p, qx, m, c0, c1);
-    switch (p.M - m) {
-      case 3:
-        block_q8_avx2<BITS, 3, PG>(p, qx, m, c0, c1);
-        break;
-      case 2:
-        block_q8_avx2<BITS, 2, PG>(p, qx, m, c0, c1);
-        break;
-      case 1:
-        block_q8_avx2<BITS, 1, PG>(p, qx, m, c0, c1);
-        break;
-      default:
-        break;
-    }
-  }
-}
-
 template <int BITS>
 void kernel_q8_avx2(const Problem& p, const QuantX& qx, int n0, int n1) {
-  switch (p.group) {
-    case 32:
-      kernel_q8_rows<BITS, 1>(p, qx, n0, n1);
-      break;
-    case 64:
-      kernel_q8_rows<BITS, 2>(p, qx, n0, n1);
-      break;
-    case 128:
-      kernel_q8_rows<BITS, 4>(p, qx, n0, n1);
-      break;
-    default:
-      kernel_q8_rows<BITS, 0>(p, qx, n0, n1);
-  }
+  with_blocks_per_group(p.group, [&](auto pg) {
+    for_row_blocks(p, BITS, n0, n1, [&](auto mc, int m, int c0, int c1) {
+      block_q8_avx2<BITS, decltype(mc)::value, decltype(pg)::value>(p, qx, m, c0, c1);
+    });
+  });
 }
 
 bool cpu_has_avx2() {
@@ -596,47 +592,13 @@ block_f512(const Problem& p, const float* xp, int m0, int n0, int n1) {
   }
 }
 
-template <int BITS, int PG>
-__attribute__((target("avx512f"))) void
-kernel_f512_rows(const Problem& p, const float* xp, int n0, int n1) {
-  const int row_bytes = p.K * BITS / 8;
-  const int chunk = std::max(1, (16 * 1024) / std::max(1, row_bytes));
-  for (int c0 = n0; c0 < n1; c0 += chunk) {
-    const int c1 = std::min(n1, c0 + chunk);
-    int m = 0;
-    for (; m + 4 <= p.M; m += 4)
-      block_f512<BITS, 4, PG>(p, xp, m, c0, c1);
-    switch (p.M - m) {
-      case 3:
-        block_f512<BITS, 3, PG>(p, xp, m, c0, c1);
-        break;
-      case 2:
-        block_f512<BITS, 2, PG>(p, xp, m, c0, c1);
-        break;
-      case 1:
-        block_f512<BITS, 1, PG>(p, xp, m, c0, c1);
-        break;
-      default:
-        break;
-    }
-  }
-}
-
 template <int BITS>
 void kernel_f512(const Problem& p, const float* xp, int n0, int n1) {
-  switch (p.group) {
-    case 32:
-      kernel_f512_rows<BITS, 1>(p, xp, n0, n1);
-      break;
-    case 64:
-      kernel_f512_rows<BITS, 2>(p, xp, n0, n1);
-      break;
-    case 128:
-      kernel_f512_rows<BITS, 4>(p, xp, n0, n1);
-      break;
-    default:
-      kernel_f512_rows<BITS, 0>(p, xp, n0, n1);
-  }
+  with_blocks_per_group(p.group, [&](auto pg) {
+    for_row_blocks(p, BITS, n0, n1, [&](auto mc, int m, int c0, int c1) {
+      block_f512<BITS, decltype(mc)::value, decltype(pg)::value>(p, xp, m, c0, c1);
+    });
+  });
 }
 
 bool cpu_has_avx512() {

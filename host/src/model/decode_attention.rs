@@ -57,40 +57,26 @@ pub fn decode_attention(
     }
     let keys: Vec<mlx_sys::mlx_array> = caches.iter().map(|(k, _)| k.as_ptr()).collect();
     let values: Vec<mlx_sys::mlx_array> = caches.iter().map(|(_, v)| v.as_ptr()).collect();
-    // SAFETY: `mlx_array_new` makes empty handles that the call fills (or
-    // leaves empty); each is wrapped in an `Array` right after, which frees
-    // it on drop. The input handles stay alive (borrowed from `q`, `k`, `v`
-    // and `caches`) for the whole call; the op keeps its own references.
-    let (status, out, new_k, new_v) = unsafe {
-        let mut out = mlx_sys::mlx_array_new();
-        let mut new_k: Vec<_> = (0..rows).map(|_| mlx_sys::mlx_array_new()).collect();
-        let mut new_v: Vec<_> = (0..rows).map(|_| mlx_sys::mlx_array_new()).collect();
-        let status = mlx_sys::mlxhost_decode_attention(
-            &mut out,
-            new_k.as_mut_ptr(),
-            new_v.as_mut_ptr(),
-            q.as_ptr(),
-            k.as_ptr(),
-            v.as_ptr(),
-            keys.as_ptr(),
-            values.as_ptr(),
-            positions.as_ptr(),
-            rows as i32,
-            scale,
-        );
-        (
-            status,
-            Array::from_ptr(out),
-            new_k
-                .into_iter()
-                .map(|a| Array::from_ptr(a))
-                .collect::<Vec<_>>(),
-            new_v
-                .into_iter()
-                .map(|a| Array::from_ptr(a))
-                .collect::<Vec<_>>(),
-        )
-    };
+    let (status, out, new_k, new_v) = call_row_cache_op(rows, |out, new_k, new_v| {
+        // SAFETY: the output handles come from `call_row_cache_op`; the
+        // input handles stay alive (borrowed from `q`, `k`, `v` and
+        // `caches`) for the whole call; the op keeps its own references.
+        unsafe {
+            mlx_sys::mlxhost_decode_attention(
+                out,
+                new_k,
+                new_v,
+                q.as_ptr(),
+                k.as_ptr(),
+                v.as_ptr(),
+                keys.as_ptr(),
+                values.as_ptr(),
+                positions.as_ptr(),
+                rows as i32,
+                scale,
+            )
+        }
+    });
     // The old handles go; the op's outputs are the buffers from now on.
     drop(caches);
     if status != 0 {
@@ -100,6 +86,29 @@ pub fn decode_attention(
         .into());
     }
     Ok((out, new_k.into_iter().zip(new_v).collect()))
+}
+
+/// Runs an op of ours that returns one array plus every row's key and value
+/// buffers (`call(out, new_keys, new_values)`, given `rows` fresh handles
+/// each) and wraps what it filled. Returns the op's status, the array and
+/// the rows' keys and values.
+pub(super) fn call_row_cache_op(
+    rows: usize,
+    call: impl FnOnce(*mut mlx_sys::mlx_array, *mut mlx_sys::mlx_array, *mut mlx_sys::mlx_array) -> i32,
+) -> (i32, Array, Vec<Array>, Vec<Array>) {
+    // SAFETY: `mlx_array_new` makes empty handles that the call fills (or
+    // leaves empty); each is wrapped in an `Array` right after, which frees
+    // it on drop.
+    unsafe {
+        let mut out = mlx_sys::mlx_array_new();
+        let mut new_k: Vec<_> = (0..rows).map(|_| mlx_sys::mlx_array_new()).collect();
+        let mut new_v: Vec<_> = (0..rows).map(|_| mlx_sys::mlx_array_new()).collect();
+        let status = call(&mut out, new_k.as_mut_ptr(), new_v.as_mut_ptr());
+        let wrap = |handles: Vec<mlx_sys::mlx_array>| -> Vec<Array> {
+            handles.into_iter().map(|a| Array::from_ptr(a)).collect()
+        };
+        (status, Array::from_ptr(out), wrap(new_k), wrap(new_v))
+    }
 }
 
 #[cfg(test)]

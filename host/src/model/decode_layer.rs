@@ -24,6 +24,7 @@ use mlx_rs::{error::Exception, Array, Dtype};
 
 use super::config::QuantSpec;
 use super::cpu_quant;
+use super::decode_attention::call_row_cache_op;
 use super::error::Result;
 use super::linear::Linear;
 use super::llama::{Layer, Projections};
@@ -143,44 +144,31 @@ pub fn decode_layer(
     let weights: Vec<mlx_sys::mlx_array> = layer.tensors.iter().map(|a| a.as_ptr()).collect();
     let keys: Vec<mlx_sys::mlx_array> = caches.iter().map(|(k, _)| k.as_ptr()).collect();
     let values: Vec<mlx_sys::mlx_array> = caches.iter().map(|(_, v)| v.as_ptr()).collect();
-    // SAFETY: as in `decode_attention`: fresh handles filled by the call and
-    // wrapped right after; inputs borrowed for the call's duration.
-    let (status, out, new_k, new_v) = unsafe {
-        let mut out = mlx_sys::mlx_array_new();
-        let mut new_k: Vec<_> = (0..rows).map(|_| mlx_sys::mlx_array_new()).collect();
-        let mut new_v: Vec<_> = (0..rows).map(|_| mlx_sys::mlx_array_new()).collect();
-        let status = mlx_sys::mlxhost_decode_layer(
-            &mut out,
-            new_k.as_mut_ptr(),
-            new_v.as_mut_ptr(),
-            h.as_ptr(),
-            weights.as_ptr(),
-            layer.bits.as_ptr(),
-            layer.groups.as_ptr(),
-            keys.as_ptr(),
-            values.as_ptr(),
-            positions.as_ptr(),
-            rows as i32,
-            shape.heads,
-            shape.kv_heads,
-            shape.head_dim,
-            shape.eps,
-            shape.rope_theta,
-            kernel.variant(),
-        );
-        (
-            status,
-            Array::from_ptr(out),
-            new_k
-                .into_iter()
-                .map(|a| Array::from_ptr(a))
-                .collect::<Vec<_>>(),
-            new_v
-                .into_iter()
-                .map(|a| Array::from_ptr(a))
-                .collect::<Vec<_>>(),
-        )
-    };
+    let (status, out, new_k, new_v) = call_row_cache_op(rows, |out, new_k, new_v| {
+        // SAFETY: the output handles come from `call_row_cache_op`; the
+        // inputs are borrowed for the call's duration.
+        unsafe {
+            mlx_sys::mlxhost_decode_layer(
+                out,
+                new_k,
+                new_v,
+                h.as_ptr(),
+                weights.as_ptr(),
+                layer.bits.as_ptr(),
+                layer.groups.as_ptr(),
+                keys.as_ptr(),
+                values.as_ptr(),
+                positions.as_ptr(),
+                rows as i32,
+                shape.heads,
+                shape.kv_heads,
+                shape.head_dim,
+                shape.eps,
+                shape.rope_theta,
+                kernel.variant(),
+            )
+        }
+    });
     drop(caches);
     if status != 0 {
         return Err(Exception::custom(
