@@ -1,4 +1,6 @@
-//! Guest SDK for mlxhost plugins (`mlxhost:plugin@0.1.0`).
+//! Guest SDK for mlxhost plugins: `mlxhost:plugin@0.1.0` (samplers, logits
+//! processors, 0.1.0 adapters) and `mlxhost:plugin@0.2.0` (tool-call and
+//! reasoning parsers, 0.2.0 adapters; modules under [`v2`]).
 //!
 //! A Rust sampler is a type implementing [`sampler::exports::mlxhost::plugin::sampler::GuestSession`]
 //! plus one macro call:
@@ -47,6 +49,42 @@ pub mod adapter {
         export_macro_name: "export_adapter",
         default_bindings_module: "mlxhost_plugin_sdk::adapter",
     });
+}
+
+/// Bindings for `mlxhost:plugin@0.2.0` (`wit/0.2.0/plugin.wit`).
+pub mod v2 {
+    /// The `tool-call-parser-plugin` world.
+    pub mod tool_parser {
+        wit_bindgen::generate!({
+            path: "../../wit/0.2.0",
+            world: "tool-call-parser-plugin",
+            pub_export_macro: true,
+            export_macro_name: "export_tool_parser",
+            default_bindings_module: "mlxhost_plugin_sdk::v2::tool_parser",
+        });
+    }
+
+    /// The `reasoning-parser-plugin` world.
+    pub mod reasoning_parser {
+        wit_bindgen::generate!({
+            path: "../../wit/0.2.0",
+            world: "reasoning-parser-plugin",
+            pub_export_macro: true,
+            export_macro_name: "export_reasoning_parser",
+            default_bindings_module: "mlxhost_plugin_sdk::v2::reasoning_parser",
+        });
+    }
+
+    /// The `api-adapter-plugin` world on the 0.2.0 request model.
+    pub mod adapter {
+        wit_bindgen::generate!({
+            path: "../../wit/0.2.0",
+            world: "api-adapter-plugin",
+            pub_export_macro: true,
+            export_macro_name: "export_adapter",
+            default_bindings_module: "mlxhost_plugin_sdk::v2::adapter",
+        });
+    }
 }
 
 /// Parses a plugin's `extra` parameters (a JSON object) into `(key, value)`
