@@ -1,17 +1,22 @@
-//! The `openai` API adapter: OpenAI Chat Completions over the host's HTTP.
+//! The `openai` API adapter: OpenAI Chat Completions over the host's HTTP,
+//! on `mlxhost:plugin@0.2.0` (content parts, tool calls, reasoning).
 //!
 //! Routes: `GET /v1/models`, `POST /v1/chat/completions` (streamed as SSE
 //! `chat.completion.chunk`s ending in `data: [DONE]`, or one
-//! `chat.completion`). The host creates one instance per HTTP request, so
-//! the options `handle` parsed are kept in this instance's memory for the
-//! `render*` calls that follow.
+//! `chat.completion`). `request` turns the body into the canonical
+//! generation request; `render` turns the host's generation events (text,
+//! reasoning, tool calls) into OpenAI's JSON. The host creates one instance
+//! per HTTP request, so the options `handle` parsed are kept in this
+//! instance's memory for the `render*` calls that follow.
 
 mod render;
 mod request;
+#[cfg(test)]
+mod tests;
 
 use std::cell::RefCell;
 
-use mlxhost_plugin_sdk::adapter::exports::mlxhost::plugin::api_adapter::{
+use mlxhost_plugin_sdk::v2::adapter::exports::mlxhost::plugin::api_adapter::{
     self as api, Action, ApiError, ErrorKind, GenerationUpdate, HttpRequest, HttpResponse,
     RequestContext, Route, SseEvent,
 };
@@ -112,4 +117,4 @@ impl api::Guest for Adapter {
     }
 }
 
-mlxhost_plugin_sdk::adapter::export_adapter!(Adapter);
+mlxhost_plugin_sdk::v2::adapter::export_adapter!(Adapter);

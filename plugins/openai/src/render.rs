@@ -1,10 +1,16 @@
 //! Canonical results -> OpenAI Chat Completions JSON (`chat.completion`,
 //! `chat.completion.chunk`, error bodies), as in the OpenAI API reference.
+//!
+//! Events (`mlxhost:plugin@0.2.0` `generation-event`) map to a message as:
+//! `text` and `invalid-call` -> `content` (an invalid call is shown as the
+//! text the model wrote); `reasoning` -> `reasoning_content` (vLLM's name;
+//! OpenAI's Chat Completions has no reasoning field); `tool-call-*` ->
+//! `tool_calls`; `error` is not rendered (the host counts it).
 
-use mlxhost_plugin_sdk::adapter::exports::mlxhost::plugin::api_adapter::{
+use mlxhost_plugin_sdk::v2::adapter::exports::mlxhost::plugin::api_adapter::{
     ApiError, ErrorKind, GenerationUpdate, RequestContext, TokenLogprob, Usage,
 };
-use mlxhost_plugin_sdk::adapter::mlxhost::plugin::types::{FinishReason, GenerationEvent};
+use mlxhost_plugin_sdk::v2::adapter::mlxhost::plugin::types::{FinishReason, GenerationEvent};
 use serde_json::{json, Value};
 
 use crate::request::RenderOptions;
@@ -20,13 +26,144 @@ pub fn finish_reason(f: FinishReason) -> &'static str {
     }
 }
 
-/// The visible text of some events.
-pub fn text_of(events: &[GenerationEvent]) -> String {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            GenerationEvent::Text(t) => Some(t.as_str()),
-            _ => None,
+/// A tool call assembled from its events.
+#[derive(Debug, Default, PartialEq)]
+pub struct Call {
+    pub index: u32,
+    pub id: String,
+    pub name: String,
+    /// The argument fragments joined.
+    pub arguments: String,
+}
+
+/// A whole assistant message assembled from events.
+#[derive(Debug, Default, PartialEq)]
+pub struct Assembled {
+    /// `text` and `invalid-call` texts, in order.
+    pub content: String,
+    /// `reasoning` texts joined; none when there were none.
+    pub reasoning: Option<String>,
+    /// The calls, in the order they began.
+    pub tool_calls: Vec<Call>,
+}
+
+/// Folds a whole generation's events into one message.
+pub fn assemble(events: &[GenerationEvent]) -> Assembled {
+    let mut out = Assembled::default();
+    fn call(calls: &mut Vec<Call>, index: u32) -> &mut Call {
+        // Arguments before their start never come from the host; if they
+        // did, the start still fills in the id and name.
+        match calls.iter().position(|c| c.index == index) {
+            Some(k) => &mut calls[k],
+            None => {
+                calls.push(Call {
+                    index,
+                    ..Call::default()
+                });
+                calls.last_mut().unwrap()
+            }
+        }
+    }
+    for e in events {
+        match e {
+            GenerationEvent::Text(t) | GenerationEvent::InvalidCall(t) => out.content.push_str(t),
+            GenerationEvent::Reasoning(r) => {
+                out.reasoning.get_or_insert_with(String::new).push_str(r)
+            }
+            GenerationEvent::ToolCallStart(s) => {
+                let c = call(&mut out.tool_calls, s.index);
+                c.id = s.id.clone();
+                c.name = s.name.clone();
+            }
+            GenerationEvent::ToolCallArgumentsDelta(d) => call(&mut out.tool_calls, d.index)
+                .arguments
+                .push_str(&d.arguments),
+            GenerationEvent::ToolCallEnd(_) | GenerationEvent::Error(_) => {}
+        }
+    }
+    out
+}
+
+/// The `message` of a non-streamed choice. As OpenAI: `content` is null when
+/// the reply is only tool calls; `tool_calls` is left out when there are none.
+pub fn message(events: &[GenerationEvent]) -> Value {
+    let a = assemble(events);
+    let content = if a.content.is_empty() && !a.tool_calls.is_empty() {
+        Value::Null
+    } else {
+        Value::String(a.content)
+    };
+    let mut m = json!({ "role": "assistant", "content": content, "refusal": null });
+    if let Some(r) = a.reasoning {
+        m["reasoning_content"] = Value::String(r);
+    }
+    if !a.tool_calls.is_empty() {
+        m["tool_calls"] = a
+            .tool_calls
+            .into_iter()
+            .map(|c| {
+                json!({
+                    "id": c.id,
+                    "type": "function",
+                    "function": { "name": c.name, "arguments": c.arguments },
+                })
+            })
+            .collect();
+    }
+    m
+}
+
+/// The deltas of one streamed update, in event order: adjacent content
+/// (`text`, `invalid-call`) merges into one delta, adjacent reasoning into
+/// one, adjacent argument fragments of one call into one; a call's start
+/// carries its id, type and name (once), later fragments only `index` and
+/// `arguments`. Empty texts give nothing.
+pub fn deltas(events: &[GenerationEvent]) -> Vec<Value> {
+    enum Delta {
+        Content(String),
+        Reasoning(String),
+        Start(u32, String, String),
+        Arguments(u32, String),
+    }
+    let mut out: Vec<Delta> = Vec::new();
+    for e in events {
+        match e {
+            GenerationEvent::Text(t) | GenerationEvent::InvalidCall(t) if !t.is_empty() => {
+                match out.last_mut() {
+                    Some(Delta::Content(c)) => c.push_str(t),
+                    _ => out.push(Delta::Content(t.clone())),
+                }
+            }
+            GenerationEvent::Reasoning(r) if !r.is_empty() => match out.last_mut() {
+                Some(Delta::Reasoning(c)) => c.push_str(r),
+                _ => out.push(Delta::Reasoning(r.clone())),
+            },
+            GenerationEvent::ToolCallStart(s) => {
+                out.push(Delta::Start(s.index, s.id.clone(), s.name.clone()))
+            }
+            GenerationEvent::ToolCallArgumentsDelta(d) if !d.arguments.is_empty() => {
+                match out.last_mut() {
+                    Some(Delta::Arguments(i, a)) if *i == d.index => a.push_str(&d.arguments),
+                    _ => out.push(Delta::Arguments(d.index, d.arguments.clone())),
+                }
+            }
+            _ => {}
+        }
+    }
+    out.into_iter()
+        .map(|d| match d {
+            Delta::Content(c) => json!({ "content": c }),
+            Delta::Reasoning(r) => json!({ "reasoning_content": r }),
+            Delta::Start(index, id, name) => json!({ "tool_calls": [{
+                "index": index,
+                "id": id,
+                "type": "function",
+                "function": { "name": name, "arguments": "" },
+            }] }),
+            Delta::Arguments(index, arguments) => json!({ "tool_calls": [{
+                "index": index,
+                "function": { "arguments": arguments },
+            }] }),
         })
         .collect()
 }
@@ -84,7 +221,7 @@ pub fn completion(ctx: &RequestContext, opts: &RenderOptions, update: &Generatio
         "system_fingerprint": null,
         "choices": [{
             "index": 0,
-            "message": { "role": "assistant", "content": text_of(&update.events), "refusal": null },
+            "message": message(&update.events),
             "logprobs": logprobs(opts, &update.logprobs),
             "finish_reason": update.finish.map(finish_reason).unwrap_or("stop"),
         }],
@@ -116,8 +253,9 @@ fn chunk(
 }
 
 /// The chunks for one update, in order: the role chunk first (sequence 0),
-/// content with its logprobs, then on the last update the finish chunk, the
-/// usage chunk (when asked) and `[DONE]`.
+/// the event deltas (`deltas`, the first with the update's logprobs), then
+/// on the last update the finish chunk, the usage chunk (when asked) and
+/// `[DONE]`.
 pub fn stream_chunks(
     ctx: &RequestContext,
     opts: &RenderOptions,
@@ -136,18 +274,20 @@ pub fn stream_chunks(
             .to_string(),
         );
     }
-    let text = text_of(&update.events);
-    if !text.is_empty() || (opts.logprobs && !update.logprobs.is_empty()) {
-        out.push(
-            chunk(
-                ctx,
-                opts,
-                json!({ "content": text }),
-                logprobs(opts, &update.logprobs),
-                Value::Null,
-            )
-            .to_string(),
-        );
+    // The update's logprobs ride on its first chunk; an update with
+    // logprobs and no visible delta (tokens a parser holds back) still
+    // reports them, on an empty `content` delta.
+    let mut deltas = deltas(&update.events);
+    if deltas.is_empty() && opts.logprobs && !update.logprobs.is_empty() {
+        deltas.push(json!({ "content": "" }));
+    }
+    for (k, delta) in deltas.into_iter().enumerate() {
+        let lp = if k == 0 {
+            logprobs(opts, &update.logprobs)
+        } else {
+            Value::Null
+        };
+        out.push(chunk(ctx, opts, delta, lp, Value::Null).to_string());
     }
     if let Some(f) = update.finish {
         out.push(chunk(ctx, opts, json!({}), Value::Null, json!(finish_reason(f))).to_string());

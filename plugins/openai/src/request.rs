@@ -1,14 +1,36 @@
-//! `POST /v1/chat/completions` request body -> canonical generation request.
+//! `POST /v1/chat/completions` request body -> canonical generation request
+//! (`mlxhost:plugin@0.2.0`, interface `request`).
 //!
 //! Field names, types and ranges follow the OpenAI API reference (Chat
 //! Completions, "Create chat completion"); fields OpenAI does not define
 //! (`top_k`, `min_p`, `repetition_penalty`, ...) follow mlx_lm.server's
-//! spelling. Every rejection names the field (`param`) as OpenAI does.
+//! spelling. Every rejection names the field (`param`) as OpenAI does, with
+//! the path spelled as OpenAI spells it (`messages[2].tool_calls[0].id`).
+//! Fields this adapter does not know are ignored (as before), except
+//! `response_format` with a type other than `text` (a 400: the output is
+//! not constrained, so silently ignoring it would break JSON-mode clients).
+//!
+//! Non-standard extension fields (not in OpenAI's API):
+//! - `top_k`, `min_p`, `xtc_probability`, `xtc_threshold`,
+//!   `repetition_penalty`, `repetition_context_size`: mlx_lm.server's
+//!   sampling fields;
+//! - `return_tokens_as_token_ids` (vLLM): logprob tokens as `token_id:<id>`;
+//! - `tool_parser`: tool-call parser plugin name, or `"none"` to turn
+//!   parsing off (default: the server's choice);
+//! - `reasoning_parser`: reasoning parser plugin name, or `"none"` (as
+//!   `tool_parser`);
+//! - `chat_template_kwargs` (vLLM's spelling): an object of extra chat
+//!   template variables, e.g. `{"enable_thinking": false}` (default `{}`);
+//! - `sampler`: sampler plugin name (default: the server's `--sampler`);
+//! - `logits_processors`: extra logits-processor plugin names, in order;
+//! - `plugin_params`: `{"plugin-name": {...}}`, each plugin's parameters.
 
-use mlxhost_plugin_sdk::adapter::exports::mlxhost::plugin::api_adapter::{
-    GenerationRequest, Message, SamplingRequest,
+use std::collections::HashSet;
+
+use mlxhost_plugin_sdk::v2::adapter::mlxhost::plugin::request::{
+    ContentPart, GenerationRequest, Message, Prompt, SamplingRequest, ToolCall, ToolChoice,
 };
-use mlxhost_plugin_sdk::adapter::mlxhost::plugin::types::ToolDefinition;
+use mlxhost_plugin_sdk::v2::adapter::mlxhost::plugin::types::ToolDefinition;
 use serde_json::{Map, Value};
 
 /// A rejected request: message and the offending field.
@@ -145,6 +167,7 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
     if stop.iter().any(|s| s.is_empty()) {
         return Err(invalid("stop", "stop sequences must not be empty"));
     }
+    parse_response_format(obj.get("response_format"))?;
     let sampler = f.string("sampler")?;
     let logits_processors = match obj.get("logits_processors") {
         None | Some(Value::Null) => Vec::new(),
@@ -185,10 +208,24 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
         }
     };
     let tools = parse_tools(obj.get("tools"))?;
+    let tool_choice = parse_tool_choice(obj.get("tool_choice"), &tools)?;
+    let parallel_tool_calls = f.bool("parallel_tool_calls")?.unwrap_or(true);
+    let tool_parser = f.non_empty_string("tool_parser")?;
+    let reasoning_parser = f.non_empty_string("reasoning_parser")?;
+    let chat_template_kwargs = match obj.get("chat_template_kwargs") {
+        None | Some(Value::Null) => "{}".to_string(),
+        Some(v @ Value::Object(_)) => v.to_string(),
+        Some(_) => {
+            return Err(invalid(
+                "chat_template_kwargs",
+                "`chat_template_kwargs` must be an object of chat template variables",
+            ))
+        }
+    };
     let tokens_as_ids = f.bool("return_tokens_as_token_ids")?.unwrap_or(false);
     Ok((
         GenerationRequest {
-            messages,
+            prompt: Prompt::Messages(messages),
             sampling,
             max_tokens,
             stop,
@@ -196,10 +233,16 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
             logprobs,
             top_logprobs,
             tools,
+            tool_choice,
+            parallel_tool_calls,
+            tool_parser,
+            reasoning_parser,
+            chat_template_kwargs,
             sampler,
             logits_processors,
             plugin_params,
             include_usage,
+            previous_response_id: None,
         },
         RenderOptions {
             logprobs,
@@ -271,6 +314,13 @@ impl Fields<'_> {
             }),
         }
     }
+    /// A string that must not be empty when given (plugin names).
+    fn non_empty_string(&self, key: &str) -> Result<Option<String>, Invalid> {
+        match self.string(key)? {
+            Some(s) if s.is_empty() => Err(invalid(key, format!("`{key}` must not be empty"))),
+            s => Ok(s),
+        }
+    }
 }
 
 fn parse_messages(value: Option<&Value>) -> Result<Vec<Message>, Invalid> {
@@ -288,68 +338,273 @@ fn parse_messages(value: Option<&Value>) -> Result<Vec<Message>, Invalid> {
     items
         .iter()
         .enumerate()
-        .map(|(i, m)| {
-            let at = |field: &str| format!("messages[{i}].{field}");
-            let m = m
-                .as_object()
-                .ok_or_else(|| invalid(&format!("messages[{i}]"), format!("messages[{i}] must be an object")))?;
-            let role = match m.get("role") {
-                Some(Value::String(r)) => r.as_str(),
-                Some(_) => return Err(invalid(&at("role"), format!("`{}` must be a string", at("role")))),
-                None => return Err(invalid(&at("role"), format!("`{}` is required", at("role")))),
-            };
-            // `developer` is OpenAI's newer name for the system role.
-            let role = match role {
-                "system" | "developer" => "system",
-                "user" | "assistant" | "tool" => role,
-                other => {
-                    return Err(invalid(
-                        &at("role"),
-                        format!("unknown role `{other}` in {}: expected system, developer, user, assistant or tool", at("role")),
-                    ))
+        .map(|(i, m)| parse_message(i, m))
+        .collect()
+}
+
+fn parse_message(i: usize, m: &Value) -> Result<Message, Invalid> {
+    let at = |field: &str| format!("messages[{i}].{field}");
+    let m = m.as_object().ok_or_else(|| {
+        invalid(
+            &format!("messages[{i}]"),
+            format!("`messages[{i}]` must be an object"),
+        )
+    })?;
+    let role = match m.get("role") {
+        Some(Value::String(r)) => r.as_str(),
+        Some(_) => {
+            return Err(invalid(
+                &at("role"),
+                format!("`{}` must be a string", at("role")),
+            ))
+        }
+        None => {
+            return Err(invalid(
+                &at("role"),
+                format!("`{}` is required", at("role")),
+            ))
+        }
+    };
+    // `developer` is OpenAI's newer name for the system role.
+    let role = match role {
+        "system" | "developer" => "system",
+        "user" | "assistant" | "tool" => role,
+        other => {
+            return Err(invalid(
+                &at("role"),
+                format!(
+                    "unknown role `{other}` in `{}`: expected system, developer, user, assistant or tool",
+                    at("role")
+                ),
+            ))
+        }
+    };
+    let content = match m.get("content") {
+        Some(Value::String(s)) => vec![ContentPart::Text(s.clone())],
+        // OpenAI: required unless the assistant message has `tool_calls`;
+        // an empty assistant turn is accepted here (as before).
+        None | Some(Value::Null) if role == "assistant" => Vec::new(),
+        None | Some(Value::Null) => {
+            return Err(invalid(
+                &at("content"),
+                format!("`{}` is required for role {role}", at("content")),
+            ))
+        }
+        Some(Value::Array(parts)) => content_parts(parts, &at("content"), role)?,
+        Some(_) => {
+            return Err(invalid(
+                &at("content"),
+                format!(
+                    "`{}` must be a string or an array of content parts",
+                    at("content")
+                ),
+            ))
+        }
+    };
+    let f = Fields(m);
+    let name = f
+        .string("name")
+        .map_err(|_| invalid(&at("name"), format!("`{}` must be a string", at("name"))))?;
+    let tool_calls = match m.get("tool_calls") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(calls)) if role == "assistant" => calls
+            .iter()
+            .enumerate()
+            .map(|(k, c)| parse_tool_call(c, &format!("{}[{k}]", at("tool_calls"))))
+            .collect::<Result<_, _>>()?,
+        Some(Value::Array(calls)) if calls.is_empty() => Vec::new(),
+        Some(Value::Array(_)) => {
+            return Err(invalid(
+                &at("tool_calls"),
+                format!("`{}` is only allowed for role assistant", at("tool_calls")),
+            ))
+        }
+        Some(_) => {
+            return Err(invalid(
+                &at("tool_calls"),
+                format!("`{}` must be an array", at("tool_calls")),
+            ))
+        }
+    };
+    let tool_call_id = match m.get("tool_call_id") {
+        None | Some(Value::Null) if role == "tool" => {
+            return Err(invalid(
+                &at("tool_call_id"),
+                format!("`{}` is required for role tool", at("tool_call_id")),
+            ))
+        }
+        None | Some(Value::Null) => None,
+        Some(Value::String(id)) if role == "tool" => Some(id.clone()),
+        Some(Value::String(_)) => {
+            return Err(invalid(
+                &at("tool_call_id"),
+                format!("`{}` is only allowed for role tool", at("tool_call_id")),
+            ))
+        }
+        Some(_) => {
+            return Err(invalid(
+                &at("tool_call_id"),
+                format!("`{}` must be a string", at("tool_call_id")),
+            ))
+        }
+    };
+    // The reasoning of an earlier assistant turn: vLLM's `reasoning_content`,
+    // or `reasoning` (OpenRouter, newer vLLM). Ignored on other roles.
+    let reasoning = if role == "assistant" {
+        let mut reasoning = None;
+        for key in ["reasoning_content", "reasoning"] {
+            match m.get(key) {
+                None | Some(Value::Null) => {}
+                Some(Value::String(r)) => {
+                    reasoning.get_or_insert_with(|| r.clone());
                 }
-            };
-            let content = match m.get("content") {
-                Some(Value::String(s)) => s.clone(),
-                None | Some(Value::Null) if role == "assistant" => String::new(),
-                None | Some(Value::Null) => {
-                    return Err(invalid(&at("content"), format!("`{}` is required for role {role}", at("content"))))
-                }
-                Some(Value::Array(parts)) => text_parts(parts, &at("content"))?,
                 Some(_) => {
-                    return Err(invalid(&at("content"), format!("`{}` must be a string or an array of text parts", at("content"))))
+                    return Err(invalid(&at(key), format!("`{}` must be a string", at(key))))
                 }
-            };
-            Ok(Message { role: role.into(), content })
+            }
+        }
+        reasoning
+    } else {
+        None
+    };
+    Ok(Message {
+        role: role.into(),
+        content,
+        name,
+        tool_calls,
+        tool_call_id,
+        reasoning,
+    })
+}
+
+/// Content parts: `{"type": "text", "text": ...}` for every role, and
+/// `{"type": "image_url", "image_url": {"url": ...}}` for user messages
+/// (OpenAI allows images only there); the host rejects images for a
+/// text-only model. Other part types (`input_audio`, `file`, `refusal`) are
+/// not supported.
+fn content_parts(parts: &[Value], param: &str, role: &str) -> Result<Vec<ContentPart>, Invalid> {
+    parts
+        .iter()
+        .enumerate()
+        .map(|(j, part)| {
+            let at = |field: &str| format!("{param}[{j}].{field}");
+            let part = part.as_object().ok_or_else(|| {
+                invalid(
+                    &format!("{param}[{j}]"),
+                    format!("`{param}[{j}]` must be an object"),
+                )
+            })?;
+            match part.get("type") {
+                Some(Value::String(t)) if t == "text" => match part.get("text") {
+                    Some(Value::String(text)) => Ok(ContentPart::Text(text.clone())),
+                    _ => Err(invalid(
+                        &at("text"),
+                        format!("`{}` must be a string", at("text")),
+                    )),
+                },
+                Some(Value::String(t)) if t == "image_url" && role == "user" => {
+                    match part
+                        .get("image_url")
+                        .and_then(Value::as_object)
+                        .map(|o| o.get("url"))
+                    {
+                        Some(Some(Value::String(url))) => Ok(ContentPart::ImageUrl(url.clone())),
+                        Some(_) => Err(invalid(
+                            &at("image_url.url"),
+                            format!("`{}` must be a string", at("image_url.url")),
+                        )),
+                        None => Err(invalid(
+                            &at("image_url"),
+                            format!("`{}` must be an object with a `url`", at("image_url")),
+                        )),
+                    }
+                }
+                Some(Value::String(t)) if t == "image_url" => Err(invalid(
+                    &at("type"),
+                    format!("image content parts are only allowed for role user, not {role}"),
+                )),
+                Some(Value::String(other)) => Err(invalid(
+                    &at("type"),
+                    format!(
+                        "content part type `{other}` is not supported: expected `text` or `image_url`"
+                    ),
+                )),
+                Some(_) => Err(invalid(&at("type"), format!("`{}` must be a string", at("type")))),
+                None => Err(invalid(&at("type"), format!("`{}` is required", at("type")))),
+            }
         })
         .collect()
 }
 
-/// Joins `[{"type": "text", "text": ...}]` parts; other part types are not
-/// supported by a text-only model.
-fn text_parts(parts: &[Value], param: &str) -> Result<String, Invalid> {
-    let mut out = String::new();
-    for (j, part) in parts.iter().enumerate() {
-        let kind = part.get("type").and_then(Value::as_str);
-        match (kind, part.get("text").and_then(Value::as_str)) {
-            (Some("text"), Some(text)) => out.push_str(text),
-            (Some(other), _) if other != "text" => {
-                return Err(invalid(
-                    &format!("{param}[{j}].type"),
-                    format!(
-                        "content part type `{other}` is not supported by this model (text only)"
-                    ),
-                ))
-            }
-            _ => {
-                return Err(invalid(
-                    &format!("{param}[{j}]"),
-                    format!("`{param}[{j}]` must be {{\"type\": \"text\", \"text\": string}}"),
-                ))
-            }
+/// One `{"id", "type": "function", "function": {"name", "arguments"}}` of an
+/// assistant message; `arguments` is JSON text that must parse as an object.
+fn parse_tool_call(call: &Value, param: &str) -> Result<ToolCall, Invalid> {
+    let at = |field: &str| format!("{param}.{field}");
+    let call = call
+        .as_object()
+        .ok_or_else(|| invalid(param, format!("`{param}` must be an object")))?;
+    let id = match call.get("id") {
+        Some(Value::String(id)) => id.clone(),
+        Some(_) => {
+            return Err(invalid(
+                &at("id"),
+                format!("`{}` must be a string", at("id")),
+            ))
+        }
+        None => return Err(invalid(&at("id"), format!("`{}` is required", at("id")))),
+    };
+    match call.get("type") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(t)) if t == "function" => {}
+        Some(_) => {
+            return Err(invalid(
+                &at("type"),
+                format!("`{}` must be \"function\"", at("type")),
+            ))
         }
     }
-    Ok(out)
+    let function = match call.get("function") {
+        Some(Value::Object(f)) => f,
+        Some(_) => {
+            return Err(invalid(
+                &at("function"),
+                format!("`{}` must be an object", at("function")),
+            ))
+        }
+        None => {
+            return Err(invalid(
+                &at("function"),
+                format!("`{}` is required", at("function")),
+            ))
+        }
+    };
+    let name = match function.get("name") {
+        Some(Value::String(n)) => n.clone(),
+        _ => {
+            let p = at("function.name");
+            return Err(invalid(&p, format!("`{p}` must be a string")));
+        }
+    };
+    let p = at("function.arguments");
+    let arguments = match function.get("arguments") {
+        Some(Value::String(a)) => a.clone(),
+        _ => {
+            return Err(invalid(
+                &p,
+                format!("`{p}` must be a string holding a JSON object"),
+            ))
+        }
+    };
+    match serde_json::from_str::<Value>(&arguments) {
+        Ok(Value::Object(_)) => {}
+        Ok(_) => return Err(invalid(&p, format!("`{p}` must be a JSON object"))),
+        Err(e) => return Err(invalid(&p, format!("`{p}` is not valid JSON: {e}"))),
+    }
+    Ok(ToolCall {
+        id,
+        name,
+        arguments,
+    })
 }
 
 fn parse_logit_bias(value: Option<&Value>) -> Result<Vec<(u32, f32)>, Invalid> {
@@ -385,46 +640,169 @@ fn parse_logit_bias(value: Option<&Value>) -> Result<Vec<(u32, f32)>, Invalid> {
     Ok(out)
 }
 
+/// OpenAI's function name rule: `^[a-zA-Z0-9_-]{1,64}$`.
+fn valid_function_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// `tools: [{"type": "function", "function": {"name", "description"?,
+/// "parameters"?, "strict"?}}]`. An empty array means no tools.
 fn parse_tools(value: Option<&Value>) -> Result<Vec<ToolDefinition>, Invalid> {
     let items = match value {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Array(items)) => items,
         Some(_) => return Err(invalid("tools", "`tools` must be an array")),
     };
+    let mut names = HashSet::new();
     items
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            let function = t
-                .get("function")
-                .and_then(Value::as_object)
-                .ok_or_else(|| {
-                    invalid(
-                        &format!("tools[{i}].function"),
-                        format!("`tools[{i}].function` is required"),
-                    )
-                })?;
-            let name = function
-                .get("name")
-                .and_then(Value::as_str)
-                .ok_or_else(|| {
-                    invalid(
-                        &format!("tools[{i}].function.name"),
-                        format!("`tools[{i}].function.name` must be a string"),
-                    )
-                })?;
+            let at = |field: &str| format!("tools[{i}].{field}");
+            let t = t.as_object().ok_or_else(|| {
+                invalid(&format!("tools[{i}]"), format!("`tools[{i}]` must be an object"))
+            })?;
+            match t.get("type") {
+                // OpenAI requires `type`; like vLLM, a missing one means "function".
+                None | Some(Value::Null) => {}
+                Some(Value::String(s)) if s == "function" => {}
+                Some(other) => {
+                    return Err(invalid(
+                        &at("type"),
+                        format!("`{}` must be \"function\", got {other}", at("type")),
+                    ))
+                }
+            }
+            let function = match t.get("function") {
+                Some(Value::Object(f)) => f,
+                Some(_) => {
+                    return Err(invalid(
+                        &at("function"),
+                        format!("`{}` must be an object", at("function")),
+                    ))
+                }
+                None => {
+                    return Err(invalid(
+                        &at("function"),
+                        format!("`{}` is required", at("function")),
+                    ))
+                }
+            };
+            let p = at("function.name");
+            let name = match function.get("name") {
+                Some(Value::String(n)) => n,
+                Some(_) => return Err(invalid(&p, format!("`{p}` must be a string"))),
+                None => return Err(invalid(&p, format!("`{p}` is required"))),
+            };
+            if !valid_function_name(name) {
+                return Err(invalid(
+                    &p,
+                    format!(
+                        "`{p}` must match ^[a-zA-Z0-9_-]{{1,64}}$ (letters, digits, `_`, `-`; 1 to 64), got {name:?}"
+                    ),
+                ));
+            }
+            if !names.insert(name.clone()) {
+                return Err(invalid(
+                    &p,
+                    format!("`{p}`: duplicate function name `{name}` in `tools`"),
+                ));
+            }
+            let description = match function.get("description") {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(d)) => d.clone(),
+                Some(_) => {
+                    let p = at("function.description");
+                    return Err(invalid(&p, format!("`{p}` must be a string")));
+                }
+            };
+            let parameters_json = match function.get("parameters") {
+                None | Some(Value::Null) => "{}".to_string(),
+                Some(v @ Value::Object(_)) => v.to_string(),
+                Some(_) => {
+                    let p = at("function.parameters");
+                    return Err(invalid(
+                        &p,
+                        format!("`{p}` must be an object (a JSON Schema)"),
+                    ));
+                }
+            };
+            // `strict` is accepted and not enforced: the host does not
+            // constrain arguments to the schema.
+            match function.get("strict") {
+                None | Some(Value::Null) | Some(Value::Bool(_)) => {}
+                Some(_) => {
+                    let p = at("function.strict");
+                    return Err(invalid(&p, format!("`{p}` must be a boolean")));
+                }
+            }
             Ok(ToolDefinition {
-                name: name.into(),
-                parameters_json: function
-                    .get("parameters")
-                    .map(Value::to_string)
-                    .unwrap_or_else(|| "{}".into()),
-                description: function
-                    .get("description")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .into(),
+                name: name.clone(),
+                parameters_json,
+                description,
             })
         })
         .collect()
+}
+
+/// `tool_choice`: `"auto" | "none" | "required"` or `{"type": "function",
+/// "function": {"name"}}`. Default: auto with tools, none without.
+fn parse_tool_choice(
+    value: Option<&Value>,
+    tools: &[ToolDefinition],
+) -> Result<ToolChoice, Invalid> {
+    const P: &str = "tool_choice";
+    let shape = "`tool_choice` must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": string}}";
+    let choice = match value {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            _ => return Err(invalid(P, format!("{shape}, got {s:?}"))),
+        },
+        Some(Value::Object(o)) => {
+            if o.get("type").and_then(Value::as_str) != Some("function") {
+                return Err(invalid(P, shape));
+            }
+            match o.get("function").and_then(|f| f.get("name")) {
+                Some(Value::String(name)) => ToolChoice::Named(name.clone()),
+                _ => return Err(invalid(P, shape)),
+            }
+        }
+        Some(_) => return Err(invalid(P, shape)),
+    };
+    match choice {
+        ToolChoice::Auto if tools.is_empty() => Ok(ToolChoice::None),
+        ToolChoice::Required if tools.is_empty() => {
+            Err(invalid(P, "`tool_choice` \"required\" needs `tools`"))
+        }
+        ToolChoice::Named(name) if !tools.iter().any(|t| t.name == name) => Err(invalid(
+            P,
+            format!("`tool_choice` names function `{name}`, which is not in `tools`"),
+        )),
+        choice => Ok(choice),
+    }
+}
+
+/// `response_format`: only `{"type": "text"}` (the default) is accepted;
+/// JSON mode and JSON schemas need constrained decoding, which the host
+/// does not do.
+fn parse_response_format(value: Option<&Value>) -> Result<(), Invalid> {
+    const P: &str = "response_format";
+    match value {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Object(o)) => match o.get("type") {
+            Some(Value::String(t)) if t == "text" => Ok(()),
+            Some(Value::String(t)) => Err(invalid(
+                P,
+                format!("`response_format` type `{t}` is not supported (only `text`)"),
+            )),
+            _ => Err(invalid(P, "`response_format.type` must be a string")),
+        },
+        Some(_) => Err(invalid(P, "`response_format` must be an object")),
+    }
 }
