@@ -75,11 +75,16 @@ pub mod v2 {
         });
     }
 
-    /// The `api-adapter-plugin` world on the 0.2.0 request model.
+    /// The `api-adapter-plugin` world on the 0.2.0 request model. (Bound
+    /// through a world of another name that includes it: wit-bindgen names
+    /// its export helper macro after the world, and 0.1.0's adapter world
+    /// above has the same name.)
     pub mod adapter {
         wit_bindgen::generate!({
+            inline: "package mlxhost:sdk;\nworld api-adapter-v2 { include mlxhost:plugin/api-adapter-plugin@0.2.0; }",
             path: "../../wit/0.2.0",
-            world: "api-adapter-plugin",
+            world: "mlxhost:sdk/api-adapter-v2",
+            generate_all,
             pub_export_macro: true,
             export_macro_name: "export_adapter",
             default_bindings_module: "mlxhost_plugin_sdk::v2::adapter",
