@@ -282,3 +282,37 @@ fn random_outputs_stream_the_same_in_every_format() {
         }
     }
 }
+
+/// Long outputs cost linear time: each delta re-parses only from the last
+/// safe point (a quadratic parser would take minutes here).
+#[test]
+fn long_outputs_are_parsed_incrementally() {
+    let sentence = "Some prose with <angle> brackets, [squares] and {braces}. ";
+    let long: String = sentence.repeat(2000);
+    let call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+    let text = format!("{long}{call}{long}");
+    let declared = Tools::new([("f".to_string(), "{}".to_string())]);
+    let start = std::time::Instant::now();
+    for (_, format) in Format::ALL {
+        let mut s = Stream::new(
+            ToolParser {
+                format,
+                tools: declared.clone(),
+            },
+            "",
+        );
+        let mut n = 0;
+        for piece in text.as_bytes().chunks(4) {
+            n += s.feed(std::str::from_utf8(piece).unwrap_or("")).len();
+        }
+        n += s.finish().len();
+        assert!(n > 0);
+    }
+    let think = format!("<think>\n{long}\n</think>\n\n{long}");
+    let mut s = Stream::new(Think::new(""), "");
+    for piece in think.as_bytes().chunks(4) {
+        s.feed(std::str::from_utf8(piece).unwrap_or(""));
+    }
+    s.finish();
+    assert!(start.elapsed().as_secs() < 20, "took {:?}", start.elapsed());
+}

@@ -319,7 +319,7 @@ pub fn failed_block(
     match (crate::text::find(text, from, close), next) {
         // A close tag or marker found now stays the first one found: one
         // not found yet could only start after the text's current end.
-        (Some(c), n) if n.map_or(true, |n| c < n) => Attempt::Invalid(c + close.len()),
+        (Some(c), n) if n.is_none_or(|n| c < n) => Attempt::Invalid(c + close.len()),
         (_, Some(n)) => Attempt::Invalid(n),
         _ if partial => Attempt::Incomplete,
         _ => Attempt::Invalid(text.len()),
@@ -423,3 +423,6 @@ pub fn bare_json(text: &str, partial: bool, tools: &Tools, several: bool) -> Bar
         Bare::Calls(calls)
     }
 }
+
+#[cfg(test)]
+mod tests;

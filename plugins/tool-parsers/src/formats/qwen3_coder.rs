@@ -12,10 +12,10 @@
 //!
 //! Parameter values are raw text: one leading and one trailing newline are
 //! stripped, then the value is converted with the tool's JSON Schema type
-//! for that parameter (see [`convert`]). As in Qwen's own parser, a value
-//! also ends at the next `<parameter=` or at `</function>` when its
-//! `</parameter>` is missing, a missing `</tool_call>` is forgiven, and a
-//! `<function=...>` block without the `<tool_call>` wrapper is a call too.
+//! for that parameter (see [`convert`]). Leniently, a value also ends at
+//! the next `<parameter=` or at `</function>` when its `</parameter>` is
+//! missing, a missing `</tool_call>` is forgiven, and a `<function=...>`
+//! block without the `<tool_call>` wrapper is a call too.
 
 use serde_json::Value;
 
@@ -110,9 +110,12 @@ impl Tagged for Qwen3Coder<'_> {
     }
 }
 
-/// Parses `<function=NAME>` ... `</function>` at `p`: the name, the raw
-/// parameters in order, and the offset after `</function>`.
-fn function(text: &str, p: usize) -> Result<(String, Vec<(String, String)>, usize), Stop> {
+/// A parsed function block: name, raw (name, value) parameters in order,
+/// and the offset after `</function>`.
+type Function = (String, Vec<(String, String)>, usize);
+
+/// Parses `<function=NAME>` ... `</function>` at `p`.
+fn function(text: &str, p: usize) -> Result<Function, Stop> {
     let rest = &text[p..];
     if !rest.starts_with(FUNCTION) {
         return Err(if could_become(rest, FUNCTION) {
