@@ -1,4 +1,4 @@
-//! The recorded outputs in `tests/fixtures/tool-calls/<format>/<case>.txt`
+//! The outputs in `tests/fixtures/tool-calls/<format>/<case>.txt`
 //! (expected results in `<case>.json`, the same files the host's
 //! `tests/tests/tool_parsers.rs` runs through the built component): fed
 //! whole, one char at a time, and cut in two at every char boundary, each
