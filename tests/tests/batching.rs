@@ -102,6 +102,8 @@ fn request(
         prompt_ids: prompt.to_vec(),
         max_tokens,
         stop: Vec::new(),
+        keep_special: false,
+        forced_choices: Vec::new(),
         params,
         sampler: sampler.into(),
         processors: processors.iter().map(|s| s.to_string()).collect(),

@@ -127,6 +127,8 @@ pub fn run(args: BenchChainArgs) -> anyhow::Result<()> {
         // No stop: every run decodes exactly `tokens` unless EOS comes first.
         max_tokens: args.tokens,
         stop: Vec::new(),
+        keep_special: false,
+        forced_choices: Vec::new(),
         params: params.clone(),
         sampler: "standard".into(),
         processors: [

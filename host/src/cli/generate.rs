@@ -83,6 +83,8 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         prompt_ids,
         max_tokens: args.max_tokens,
         stop: args.stop.clone(),
+        keep_special: false,
+        forced_choices: Vec::new(),
         params: SamplingParams {
             temperature: args.temp,
             top_p: args.top_p,

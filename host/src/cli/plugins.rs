@@ -34,7 +34,7 @@ pub fn run(cmd: PluginsCommand) -> anyhow::Result<()> {
     };
     {
         {
-            let host = PluginHost::load_dir(&dir, PluginLimits::default())?;
+            let host = std::sync::Arc::new(PluginHost::load_dir(&dir, PluginLimits::default())?);
             if check {
                 let path = model.unwrap_or_else(mlxhost::model::default_model_path);
                 match mlxhost::model::load_tokenizer(&path) {

@@ -62,6 +62,16 @@ pub struct ServeArgs {
     /// System message added to requests that have none.
     #[arg(long, alias = "system-prompt")]
     system: Option<String>,
+    /// Tool-call parser plugin for requests with `tools` that name none
+    /// (`hermes`, `llama3-json`, `mistral`, `qwen3-coder`, `pythonic`, or
+    /// any loaded tool-call-parser plugin); `none` turns parsing off.
+    /// Default: the parser whose template markers the chat template holds.
+    #[arg(long, alias = "tool-call-parser")]
+    tool_parser: Option<String>,
+    /// Reasoning parser plugin for requests that name none (`think`);
+    /// `none` turns it off. Default: chosen from the chat template.
+    #[arg(long)]
+    reasoning_parser: Option<String>,
     /// Largest accepted request body, MiB (larger: 413).
     #[arg(long, default_value_t = 32)]
     body_limit: usize,
@@ -182,6 +192,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Err(e) = plugins.get(&args.sampler, Kind::Sampler) {
         anyhow::bail!("--sampler {}: {e}", args.sampler);
     }
+    for (flag, value, kind) in [
+        ("--tool-parser", &args.tool_parser, Kind::ToolCallParser),
+        (
+            "--reasoning-parser",
+            &args.reasoning_parser,
+            Kind::ReasoningParser,
+        ),
+    ] {
+        if let Some(name) = value.as_deref().filter(|n| *n != "none") {
+            if let Err(e) = plugins.get(name, kind) {
+                anyhow::bail!("{flag} {name}: {e}");
+            }
+        }
+    }
     let adapters = plugins
         .plugins
         .values()
@@ -222,6 +246,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             max_tokens: args.max_tokens,
             sampler: args.sampler.clone(),
             system: args.system.clone(),
+            tool_parser: args.tool_parser.clone(),
+            reasoning_parser: args.reasoning_parser.clone(),
         },
         body_limit: args.body_limit << 20,
         drain: Duration::from_secs(args.shutdown_timeout),

@@ -8,11 +8,19 @@
 use crate::model::{ModelError, TextTokenizer};
 
 /// Turns a growing id sequence into text deltas.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Detokenizer {
     ids: Vec<u32>,
     prefix_offset: usize,
     read_offset: usize,
+    /// Drop special tokens' text (the default); output parsers need it kept.
+    skip_special: bool,
+}
+
+impl Default for Detokenizer {
+    fn default() -> Self {
+        Detokenizer::with_context(&[])
+    }
 }
 
 impl Detokenizer {
@@ -24,14 +32,25 @@ impl Detokenizer {
             ids: context.to_vec(),
             prefix_offset: 0,
             read_offset: context.len(),
+            skip_special: true,
         }
+    }
+
+    /// Keeps special tokens' text (`<tool_call>`, `[TOOL_CALLS]`, ...) in
+    /// the output, for the output pipeline's parsers.
+    pub fn keeping_special(mut self, keep: bool) -> Self {
+        self.skip_special = !keep;
+        self
     }
 
     /// Appends `id` and returns the newly complete text (maybe empty).
     pub fn push(&mut self, tok: &TextTokenizer, id: u32) -> Result<String, ModelError> {
         self.ids.push(id);
-        let prefix = tok.decode(&self.ids[self.prefix_offset..self.read_offset], true)?;
-        let full = tok.decode(&self.ids[self.prefix_offset..], true)?;
+        let prefix = tok.decode(
+            &self.ids[self.prefix_offset..self.read_offset],
+            self.skip_special,
+        )?;
+        let full = tok.decode(&self.ids[self.prefix_offset..], self.skip_special)?;
         if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.starts_with(&prefix) {
             let delta = full[prefix.len()..].to_string();
             self.prefix_offset = self.read_offset;
@@ -45,8 +64,11 @@ impl Detokenizer {
     /// Text still held back (an incomplete character at the end), decoded
     /// as-is when generation ends.
     pub fn flush(&mut self, tok: &TextTokenizer) -> Result<String, ModelError> {
-        let prefix = tok.decode(&self.ids[self.prefix_offset..self.read_offset], true)?;
-        let full = tok.decode(&self.ids[self.prefix_offset..], true)?;
+        let prefix = tok.decode(
+            &self.ids[self.prefix_offset..self.read_offset],
+            self.skip_special,
+        )?;
+        let full = tok.decode(&self.ids[self.prefix_offset..], self.skip_special)?;
         self.prefix_offset = self.ids.len();
         self.read_offset = self.ids.len();
         Ok(full.get(prefix.len()..).unwrap_or("").to_string())
@@ -65,8 +87,8 @@ pub struct StopMatcher {
 pub struct StopFeed {
     /// Text safe to emit now.
     pub emit: String,
-    /// A stop string matched: emit `emit`, then finish.
-    pub stopped: bool,
+    /// The stop string that matched (emit `emit`, then finish).
+    pub stopped: Option<String>,
 }
 
 impl StopMatcher {
@@ -85,20 +107,23 @@ impl StopMatcher {
         if self.stops.is_empty() {
             return StopFeed {
                 emit: std::mem::take(&mut self.pending),
-                stopped: false,
+                stopped: None,
             };
         }
-        if let Some(at) = self
+        // The earliest match wins; at the same position, the longer string
+        // (it is what the text actually contains).
+        if let Some((at, stop)) = self
             .stops
             .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min()
+            .filter_map(|s| self.pending.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|(at, s)| (*at, std::cmp::Reverse(s.len())))
         {
             let emit = self.pending[..at].to_string();
+            let stop = stop.clone();
             self.pending.clear();
             return StopFeed {
                 emit,
-                stopped: true,
+                stopped: Some(stop),
             };
         }
         // Keep the longest suffix that is a prefix of some stop string.
@@ -115,7 +140,7 @@ impl StopMatcher {
         self.pending.drain(..split);
         StopFeed {
             emit,
-            stopped: false,
+            stopped: None,
         }
     }
 
@@ -134,7 +159,7 @@ mod tests {
         let mut m = StopMatcher::new(&["</end>".to_string()]);
         assert_eq!(m.feed("hello </e").emit, "hello ");
         let f = m.feed("nd> tail");
-        assert!(f.stopped);
+        assert_eq!(f.stopped.as_deref(), Some("</end>"));
         assert_eq!(f.emit, "");
     }
 
@@ -151,7 +176,7 @@ mod tests {
     fn earliest_stop_wins() {
         let mut m = StopMatcher::new(&["b".to_string(), "a".to_string()]);
         let f = m.feed("xxaxb");
-        assert!(f.stopped);
+        assert_eq!(f.stopped.as_deref(), Some("a"));
         assert_eq!(f.emit, "xx");
     }
 }

@@ -16,6 +16,12 @@ pub struct GenerateRequest {
     pub max_tokens: usize,
     /// Stop strings (not returned).
     pub stop: Vec<String>,
+    /// Keep special tokens' text in the output (for the output pipeline's
+    /// parsers, which need `<tool_call>`, `[TOOL_CALLS]`, ...).
+    pub keep_special: bool,
+    /// Token sequences the reply must begin with one of (empty: free);
+    /// see [`super::constrain`].
+    pub forced_choices: Vec<Vec<u32>>,
     /// Sampling parameters for the sampler.
     pub params: SamplingParams,
     /// Sampler plugin name.
@@ -72,6 +78,8 @@ pub struct GenerateSummary {
     pub cached_tokens: usize,
     /// Generated tokens (EOS included when it ended generation).
     pub completion_tokens: usize,
+    /// The stop string that ended generation, if one did.
+    pub stop_sequence: Option<String>,
     /// Prefill wall time.
     pub prefill: Duration,
     /// Decode wall time (all steps).

@@ -365,6 +365,7 @@ impl<'s> Scheduler<'s> {
                         prompt_tokens: p.request.prompt_ids.len(),
                         cached_tokens: 0,
                         completion_tokens: 0,
+                        stop_sequence: None,
                         prefill: Duration::ZERO,
                         decode: Duration::ZERO,
                         plugin_time: Duration::ZERO,
@@ -465,6 +466,14 @@ fn admit_one<'s>(
             }
         }
     };
+    let chain: Box<dyn TokenChain + 's> = if request.forced_choices.is_empty() {
+        chain
+    } else {
+        Box::new(super::constrain::ChoiceConstraint::new(
+            chain,
+            request.forced_choices.clone(),
+        ))
+    };
     let namespace = kv_namespace(model);
     let reuse = caches.and_then(|c| c.lookup(&namespace, &request.prompt_ids));
     let (mut cache, cached) = match reuse {
@@ -486,6 +495,7 @@ fn admit_one<'s>(
         request.max_tokens,
         model.model.config.max_position_embeddings,
         &request.stop,
+        request.keep_special,
         request.top_logprobs,
         chain,
         sink,
@@ -565,6 +575,7 @@ mod tests {
             16,
             4096,
             &[],
+            false,
             0,
             Box::new(NoChain),
             Box::new(NoSink),

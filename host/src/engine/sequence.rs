@@ -64,8 +64,8 @@ pub struct Sequence<'s> {
     pub(crate) top_logprobs: usize,
     detok: Detokenizer,
     stops: StopMatcher,
-    /// A stop string ended the sequence (held-back text is dropped).
-    stopped_by_string: bool,
+    /// The stop string that ended the sequence (held-back text is dropped).
+    stopped_by: Option<String>,
     admitted: Instant,
     prefill_done: Option<Instant>,
 }
@@ -82,6 +82,7 @@ impl<'s> Sequence<'s> {
         max_tokens: usize,
         context: usize,
         stop: &[String],
+        keep_special: bool,
         top_logprobs: usize,
         chain: Box<dyn TokenChain + 's>,
         sink: Box<dyn SequenceSink + 's>,
@@ -89,7 +90,8 @@ impl<'s> Sequence<'s> {
         cached_tokens: usize,
     ) -> Self {
         let prompt_len = prompt.len();
-        let detok = Detokenizer::with_context(&prompt[prompt_len.saturating_sub(5)..]);
+        let detok = Detokenizer::with_context(&prompt[prompt_len.saturating_sub(5)..])
+            .keeping_special(keep_special);
         Sequence {
             id,
             chain,
@@ -104,7 +106,7 @@ impl<'s> Sequence<'s> {
             top_logprobs,
             detok,
             stops: StopMatcher::new(stop),
-            stopped_by_string: false,
+            stopped_by: None,
             admitted: Instant::now(),
             prefill_done: None,
         }
@@ -162,8 +164,8 @@ impl<'s> Sequence<'s> {
             if !fed.emit.is_empty() {
                 self.sink.event(GenerateEvent::Text(fed.emit));
             }
-            if fed.stopped {
-                self.stopped_by_string = true;
+            if fed.stopped.is_some() {
+                self.stopped_by = fed.stopped;
                 return Ok(Some(FinishReason::Stop));
             }
         }
@@ -182,12 +184,13 @@ impl<'s> Sequence<'s> {
         tokenizer: &TextTokenizer,
         finish: FinishReason,
     ) -> Result<FinishReason, GenerateError> {
-        if self.stopped_by_string {
+        if self.stopped_by.is_some() {
             return Ok(finish);
         }
         let tail = self.detok.flush(tokenizer)?;
         let mut rest = self.stops.feed(&tail);
-        let finish = if rest.stopped {
+        let finish = if rest.stopped.is_some() {
+            self.stopped_by = rest.stopped.take();
             FinishReason::Stop
         } else {
             rest.emit.push_str(&self.stops.flush());
@@ -208,6 +211,7 @@ impl<'s> Sequence<'s> {
             prompt_tokens: self.prompt_len,
             cached_tokens: self.cached_tokens,
             completion_tokens: self.generated,
+            stop_sequence: self.stopped_by.clone(),
             prefill: prefill_done.duration_since(self.admitted),
             decode: if self.prefill_done.is_some() {
                 now.duration_since(prefill_done)

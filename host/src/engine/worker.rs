@@ -561,6 +561,8 @@ fn warm_up(
                 prompt_ids,
                 max_tokens: 2,
                 stop: Vec::new(),
+                keep_special: false,
+                forced_choices: Vec::new(),
                 params: crate::plugin::SamplingParams {
                     temperature: 0.0,
                     ..Default::default()

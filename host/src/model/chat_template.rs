@@ -17,6 +17,53 @@ pub struct ChatMessage {
     pub content: String,
 }
 
+/// A chat message with everything a tool-calling template reads, in the
+/// shape `transformers` gives templates: `tool_calls` as
+/// `[{"id", "type": "function", "function": {"name", "arguments": {...}}}]`
+/// (arguments as a mapping, so templates can `tojson` them),
+/// `tool_call_id` and `name` on tool results, `reasoning_content` on
+/// assistant turns. Absent fields are left out (templates test them with
+/// `is defined`).
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+pub struct TemplateMessage {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The message text.
+    pub content: String,
+    /// Assistant turns: the calls made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// Tool turns: the call answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// Participant or tool name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Assistant turns: reasoning text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+}
+
+impl From<&ChatMessage> for TemplateMessage {
+    fn from(m: &ChatMessage) -> Self {
+        TemplateMessage {
+            role: m.role.clone(),
+            content: m.content.clone(),
+            ..TemplateMessage::default()
+        }
+    }
+}
+
+/// Names the template context defines itself; keyword arguments cannot
+/// replace them.
+const RESERVED: [&str; 5] = [
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
+
 /// A compiled chat template.
 #[derive(Debug, Clone)]
 pub struct ChatTemplate {
@@ -41,6 +88,11 @@ impl ChatTemplate {
                 Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
             },
         );
+        // `transformers` renders `tojson` with Python's `json.dumps`
+        // (`", "` and `": "` separators, no HTML escaping); minijinja's
+        // own filter is compact and escapes `<`: tool definitions in the
+        // prompt must read as the model saw them in training.
+        env.add_filter("tojson", python_tojson);
         env.add_template_owned("chat", source.to_string())
             .map_err(|e| ModelError::Template(e.to_string()))?;
         Ok(ChatTemplate {
@@ -54,22 +106,123 @@ impl ChatTemplate {
     /// Renders `messages` to the prompt text. With `add_generation_prompt`
     /// the text ends where the assistant's reply starts.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let messages: Vec<TemplateMessage> = messages.iter().map(TemplateMessage::from).collect();
+        self.render_with(
+            &messages,
+            &[],
+            &serde_json::Map::new(),
+            add_generation_prompt,
+        )
+    }
+
+    /// Renders a conversation with `tools` (OpenAI-shaped
+    /// `{"type": "function", "function": {...}}` objects, passed as
+    /// `transformers` does: undefined when empty) and extra template
+    /// variables `kwargs` (e.g. `enable_thinking`; names the template
+    /// context defines itself are ignored).
+    ///
+    /// Errors: [`ModelError::Template`] when the template fails (including
+    /// its own `raise_exception`).
+    pub fn render_with(
+        &self,
+        messages: &[TemplateMessage],
+        tools: &[serde_json::Value],
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let tmpl = self
             .env
             .get_template("chat")
             .map_err(|e| ModelError::Template(e.to_string()))?;
-        tmpl.render(minijinja::context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos_token,
-            eos_token => self.eos_token,
-        })
-        .map_err(|e| ModelError::Template(e.to_string()))
+        let mut ctx: std::collections::BTreeMap<String, Value> = kwargs
+            .iter()
+            .filter(|(k, _)| !RESERVED.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), Value::from_serialize(v)))
+            .collect();
+        ctx.insert("messages".into(), Value::from_serialize(messages));
+        if !tools.is_empty() {
+            ctx.insert("tools".into(), Value::from_serialize(tools));
+        }
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::from(add_generation_prompt),
+        );
+        ctx.insert("bos_token".into(), Value::from(self.bos_token.clone()));
+        ctx.insert("eos_token".into(), Value::from(self.eos_token.clone()));
+        tmpl.render(ctx)
+            .map_err(|e| ModelError::Template(e.to_string()))
     }
 
     /// The Jinja source.
     pub fn source(&self) -> &str {
         &self.source
+    }
+}
+
+/// `tojson` as `transformers` defines it for chat templates:
+/// `json.dumps(value, ensure_ascii=False, indent=indent)`.
+fn python_tojson(
+    value: &Value,
+    kwargs: minijinja::value::Kwargs,
+) -> std::result::Result<Value, minijinja::Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(value)
+        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let mut out = Vec::new();
+    let written = match indent {
+        Some(n) => {
+            let pad = " ".repeat(n);
+            let mut ser = serde_json::Serializer::with_formatter(
+                &mut out,
+                serde_json::ser::PrettyFormatter::with_indent(pad.as_bytes()),
+            );
+            serde::Serialize::serialize(&json, &mut ser)
+        }
+        None => {
+            let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonFormatter);
+            serde::Serialize::serialize(&json, &mut ser)
+        }
+    };
+    written.map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let text = String::from_utf8(out)
+        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    Ok(Value::from_safe_string(text))
+}
+
+/// Python's default `json.dumps` separators: `", "` and `": "`.
+struct PythonFormatter;
+
+impl serde_json::ser::Formatter for PythonFormatter {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        writer.write_all(b": ")
     }
 }
 
@@ -89,6 +242,40 @@ mod tests {
             true,
         )?;
         assert_eq!(out, "<|im_start|>system\nDefault<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+        Ok(())
+    }
+
+    #[test]
+    fn tools_tool_calls_and_kwargs_reach_the_template() -> Result<()> {
+        let src = "{% if tools %}{% for t in tools %}{{ t | tojson }}\n{% endfor %}{% endif %}{% for m in messages %}{{ m.role }}:{% if m.tool_calls is defined %}{% for c in m.tool_calls %}{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}{% endif %}{% if m.tool_call_id is defined %}[{{ m.tool_call_id }}]{% endif %}{{ m.content }};{% endfor %}{{ enable_thinking }}";
+        let t = ChatTemplate::new(src, "", "")?;
+        let tools = [
+            serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {"a": "<b>"}}}),
+        ];
+        let messages = [
+            TemplateMessage {
+                role: "assistant".into(),
+                tool_calls: Some(vec![
+                    serde_json::json!({"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1, "y": "é"}}}),
+                ]),
+                ..TemplateMessage::default()
+            },
+            TemplateMessage {
+                role: "tool".into(),
+                content: "42".into(),
+                tool_call_id: Some("c1".into()),
+                ..TemplateMessage::default()
+            },
+        ];
+        let mut kwargs = serde_json::Map::new();
+        kwargs.insert("enable_thinking".into(), serde_json::json!(false));
+        kwargs.insert("messages".into(), serde_json::json!([]));
+        // Booleans print as Python does (`False`), as in `transformers`.
+        let out = t.render_with(&messages, &tools, &kwargs, false)?;
+        assert_eq!(
+            out,
+            "{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"a\": \"<b>\"}}}\nassistant:f{\"x\": 1, \"y\": \"é\"};tool:[c1]42;False"
+        );
         Ok(())
     }
 

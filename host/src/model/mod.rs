@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use mlx_rs::Array;
 
-pub use chat_template::{ChatMessage, ChatTemplate};
+pub use chat_template::{ChatMessage, ChatTemplate, TemplateMessage};
 pub use config::ModelConfig;
 pub use error::{ModelError, Result};
 pub use llama::{Llama, RowInput};

@@ -173,6 +173,22 @@ impl TextTokenizer {
         piece.replace('\u{2581}', " ").into_bytes()
     }
 
+    /// The text of every special (control) token: what decoding with
+    /// `skip_special` drops, so the output pipeline can hide what its
+    /// parsers did not consume. Longest first.
+    pub fn special_token_texts(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .inner
+            .get_added_tokens_decoder()
+            .values()
+            .filter(|t| t.special && !t.content.is_empty())
+            .map(|t| t.content.clone())
+            .collect();
+        out.sort_by_key(|t| std::cmp::Reverse(t.len()));
+        out.dedup();
+        out
+    }
+
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

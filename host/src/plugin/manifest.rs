@@ -3,20 +3,54 @@
 //! ```toml
 //! name = "standard"            # unique; what requests and flags name
 //! version = "0.1.0"
-//! kinds = ["sampler"]          # sampler | logits-processor | tool-call-parser | api-adapter
+//! kinds = ["sampler"]          # sampler | logits-processor | tool-call-parser | reasoning-parser | api-adapter
 //! component = "standard.wasm"  # relative to the folder
 //! wit = "mlxhost:plugin@0.1.0" # the WIT package version the component targets
 //! description = "..."
 //! capabilities = []            # none granted by default (no WASI)
+//! template_markers = []        # parsers: chosen by default when all occur in the chat template
 //! [defaults]                   # default plugin parameters (JSON-compatible)
 //! ```
+//!
+//! Which kinds each WIT version serves: samplers and logits processors are
+//! `0.1.0` (0.2.0 did not change them); API adapters `0.1.0` or `0.2.0`,
+//! linked side by side; tool-call and reasoning parsers `0.2.0`.
 
 use std::path::Path;
 
 use serde::Deserialize;
 
-/// The WIT package version this host implements.
-pub const WIT_VERSION: &str = "mlxhost:plugin@0.1.0";
+/// The WIT package versions this host implements, oldest first.
+pub const WIT_VERSIONS: [&str; 2] = ["mlxhost:plugin@0.1.0", "mlxhost:plugin@0.2.0"];
+
+/// A WIT package version the host links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WitVersion {
+    /// `mlxhost:plugin@0.1.0` (`wit/plugin.wit`).
+    V0_1,
+    /// `mlxhost:plugin@0.2.0` (`wit/0.2.0/plugin.wit`).
+    V0_2,
+}
+
+impl WitVersion {
+    /// Parses `mlxhost:plugin@X.Y.Z`; `None` for a version this host lacks.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "mlxhost:plugin@0.1.0" => Some(WitVersion::V0_1),
+            "mlxhost:plugin@0.2.0" => Some(WitVersion::V0_2),
+            _ => None,
+        }
+    }
+
+    /// Whether this version defines the world of `kind`.
+    pub fn serves(self, kind: Kind) -> bool {
+        match kind {
+            Kind::Sampler | Kind::LogitsProcessor => self == WitVersion::V0_1,
+            Kind::ApiAdapter => true,
+            Kind::ToolCallParser | Kind::ReasoningParser => self == WitVersion::V0_2,
+        }
+    }
+}
 
 /// A plugin kind (a WIT world).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
@@ -26,8 +60,10 @@ pub enum Kind {
     Sampler,
     /// `logits-processor-plugin` world.
     LogitsProcessor,
-    /// `tool-call-parser-plugin` world.
+    /// `tool-call-parser-plugin` world (0.2.0).
     ToolCallParser,
+    /// `reasoning-parser-plugin` world (0.2.0).
+    ReasoningParser,
     /// `api-adapter-plugin` world.
     ApiAdapter,
 }
@@ -38,6 +74,7 @@ impl std::fmt::Display for Kind {
             Kind::Sampler => "sampler",
             Kind::LogitsProcessor => "logits-processor",
             Kind::ToolCallParser => "tool-call-parser",
+            Kind::ReasoningParser => "reasoning-parser",
             Kind::ApiAdapter => "api-adapter",
         })
     }
@@ -63,6 +100,10 @@ pub struct Manifest {
     /// Capabilities requested (none are grantable in 0.1.0).
     #[serde(default)]
     pub capabilities: Vec<String>,
+    /// Parsers: chat-template substrings that select this plugin by
+    /// default (all must occur; the plugin matching most markers wins).
+    #[serde(default)]
+    pub template_markers: Vec<String>,
     /// Default plugin parameters, merged under the request's.
     #[serde(default)]
     pub defaults: toml::Table,
@@ -83,14 +124,21 @@ impl Manifest {
         {
             return Err(format!("name `{}` must be non-empty [a-z0-9_-]", m.name));
         }
-        if m.wit != WIT_VERSION {
+        let Some(version) = WitVersion::parse(&m.wit) else {
             return Err(format!(
-                "targets `{}`, this host implements `{WIT_VERSION}`",
-                m.wit
+                "targets `{}`, this host implements {}",
+                m.wit,
+                WIT_VERSIONS.join(" and ")
             ));
-        }
+        };
         if m.kinds.is_empty() {
             return Err("`kinds` is empty".into());
+        }
+        if let Some(kind) = m.kinds.iter().find(|k| !version.serves(**k)) {
+            return Err(format!(
+                "kind `{kind}` is not defined by `{}` (samplers and logits processors are 0.1.0, parsers 0.2.0, adapters either)",
+                m.wit
+            ));
         }
         if let Some(c) = m.capabilities.first() {
             return Err(format!(
@@ -98,6 +146,11 @@ impl Manifest {
             ));
         }
         Ok(m)
+    }
+
+    /// The WIT version, validated by [`Manifest::load`].
+    pub fn wit_version(&self) -> WitVersion {
+        WitVersion::parse(&self.wit).unwrap_or(WitVersion::V0_1)
     }
 
     /// `defaults` as a JSON object.
@@ -134,5 +187,22 @@ mod tests {
         assert!(Manifest::load(d.path())
             .unwrap_err()
             .contains("wasi:filesystem"));
+    }
+
+    #[test]
+    fn each_version_serves_its_kinds() {
+        let d = tempfile::tempdir().expect("tempdir");
+        write(d.path(), "name = \"p\"\nversion = \"1\"\nkinds = [\"tool-call-parser\"]\ncomponent = \"p.wasm\"\nwit = \"mlxhost:plugin@0.2.0\"\ntemplate_markers = [\"<tool_call>\"]\n");
+        let m = Manifest::load(d.path()).expect("0.2.0 parser");
+        assert_eq!(m.wit_version(), WitVersion::V0_2);
+        assert_eq!(m.template_markers, vec!["<tool_call>".to_string()]);
+        write(d.path(), "name = \"p\"\nversion = \"1\"\nkinds = [\"tool-call-parser\"]\ncomponent = \"p.wasm\"\nwit = \"mlxhost:plugin@0.1.0\"\n");
+        assert!(Manifest::load(d.path())
+            .unwrap_err()
+            .contains("tool-call-parser"));
+        write(d.path(), "name = \"p\"\nversion = \"1\"\nkinds = [\"sampler\"]\ncomponent = \"p.wasm\"\nwit = \"mlxhost:plugin@0.2.0\"\n");
+        assert!(Manifest::load(d.path()).unwrap_err().contains("sampler"));
+        write(d.path(), "name = \"p\"\nversion = \"1\"\nkinds = [\"api-adapter\"]\ncomponent = \"p.wasm\"\nwit = \"mlxhost:plugin@0.2.0\"\n");
+        assert!(Manifest::load(d.path()).is_ok());
     }
 }

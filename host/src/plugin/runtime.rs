@@ -18,10 +18,14 @@ use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimitsBuilder,
 };
 
+use super::bindings::v2::{
+    adapter::ApiAdapterPluginPre as ApiAdapterV2Pre, reasoning_parser::ReasoningParserPluginPre,
+    tool_parser::ToolCallParserPluginPre,
+};
 use super::bindings::{
     adapter::ApiAdapterPluginPre, processor::LogitsProcessorPluginPre, sampler::SamplerPluginPre,
 };
-use super::manifest::{Kind, Manifest};
+use super::manifest::{Kind, Manifest, WitVersion};
 use super::tensors::PluginState;
 
 /// Epoch granularity for call deadlines.
@@ -66,7 +70,9 @@ impl PluginLimits {
         match kind {
             Kind::Sampler => self.sampler_deadline,
             Kind::LogitsProcessor => self.processor_deadline,
-            Kind::ApiAdapter | Kind::ToolCallParser => self.adapter_deadline,
+            Kind::ApiAdapter | Kind::ToolCallParser | Kind::ReasoningParser => {
+                self.adapter_deadline
+            }
         }
     }
 
@@ -125,12 +131,24 @@ pub struct LoadedPlugin {
     pub sampler: Option<SamplerPluginPre<PluginState>>,
     /// Logits-processor world, if declared.
     pub processor: Option<LogitsProcessorPluginPre<PluginState>>,
-    /// API-adapter world, if declared.
-    pub adapter: Option<ApiAdapterPluginPre<PluginState>>,
+    /// API-adapter world, if declared (either WIT version).
+    pub adapter: Option<AdapterPre>,
+    /// Tool-call-parser world (0.2.0), if declared.
+    pub tool_parser: Option<ToolCallParserPluginPre<PluginState>>,
+    /// Reasoning-parser world (0.2.0), if declared.
+    pub reasoning_parser: Option<ReasoningParserPluginPre<PluginState>>,
     /// The adapter's routes as (method, path), asked once at load.
     pub routes: Vec<(String, String)>,
     /// Whether the compiled component came from the on-disk cache.
     pub from_cache: bool,
+}
+
+/// A pre-instantiated API adapter of either WIT version.
+pub enum AdapterPre {
+    /// `mlxhost:plugin@0.1.0`.
+    V1(ApiAdapterPluginPre<PluginState>),
+    /// `mlxhost:plugin@0.2.0`.
+    V2(ApiAdapterV2Pre<PluginState>),
 }
 
 /// A plugin folder that was skipped, and why.
@@ -180,6 +198,19 @@ impl PluginHost {
         let mut linker: Linker<PluginState> = Linker::new(&engine);
         super::bindings::sampler::SamplerPlugin::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s)
             .map_err(|e| PluginError::Engine(e.to_string()))?;
+        // 0.2.0's imports (`types`, `vocab`) live under their own versioned
+        // names, so both versions share one linker; the parser world
+        // imports everything the other 0.2.0 worlds do.
+        super::bindings::v2::tool_parser::ToolCallParserPlugin::add_to_linker::<
+            _,
+            wasmtime::component::HasSelf<_>,
+        >(&mut linker, |s| s)
+        .map_err(|e| PluginError::Engine(e.to_string()))?;
+        super::bindings::v2::adapter::mlxhost::plugin::request::add_to_linker::<
+            _,
+            wasmtime::component::HasSelf<_>,
+        >(&mut linker, |s| s)
+        .map_err(|e| PluginError::Engine(e.to_string()))?;
         let cache = crate::paths::cache_dir().join("components");
         let mut plugins = BTreeMap::new();
         let mut skipped = Vec::new();
@@ -367,7 +398,10 @@ fn load_one(
     let mut sampler = None;
     let mut processor = None;
     let mut adapter = None;
+    let mut tool_parser = None;
+    let mut reasoning_parser = None;
     let mut routes = Vec::new();
+    let version = manifest.wit_version();
     for kind in &manifest.kinds {
         match kind {
             Kind::Sampler => {
@@ -391,15 +425,34 @@ fn load_one(
                 let pre = linker
                     .instantiate_pre(&component)
                     .map_err(|e| format!("does not fit the api-adapter-plugin world: {e:#}"))?;
-                let pre = ApiAdapterPluginPre::new(pre)
-                    .map_err(|e| format!("does not export the api-adapter interface: {e:#}"))?;
+                let pre = match version {
+                    WitVersion::V0_1 => {
+                        AdapterPre::V1(ApiAdapterPluginPre::new(pre).map_err(|e| {
+                            format!("does not export the 0.1.0 api-adapter interface: {e:#}")
+                        })?)
+                    }
+                    WitVersion::V0_2 => AdapterPre::V2(ApiAdapterV2Pre::new(pre).map_err(|e| {
+                        format!("does not export the 0.2.0 api-adapter interface: {e:#}")
+                    })?),
+                };
                 routes = adapter_routes(engine, &pre, limits)?;
                 adapter = Some(pre);
             }
             Kind::ToolCallParser => {
-                return Err(format!(
-                    "kind `{kind}` is declared by WIT 0.1.0 but not served by this host yet"
-                ));
+                let pre = linker.instantiate_pre(&component).map_err(|e| {
+                    format!("does not fit the tool-call-parser-plugin world: {e:#}")
+                })?;
+                tool_parser = Some(ToolCallParserPluginPre::new(pre).map_err(|e| {
+                    format!("does not export the tool-call-parser interface: {e:#}")
+                })?);
+            }
+            Kind::ReasoningParser => {
+                let pre = linker.instantiate_pre(&component).map_err(|e| {
+                    format!("does not fit the reasoning-parser-plugin world: {e:#}")
+                })?;
+                reasoning_parser = Some(ReasoningParserPluginPre::new(pre).map_err(|e| {
+                    format!("does not export the reasoning-parser interface: {e:#}")
+                })?);
             }
         }
     }
@@ -409,6 +462,8 @@ fn load_one(
         sampler,
         processor,
         adapter,
+        tool_parser,
+        reasoning_parser,
         routes,
         from_cache,
     })
@@ -418,7 +473,7 @@ fn load_one(
 /// traps here is skipped). Routes must be `GET`/`POST` on an absolute path.
 fn adapter_routes(
     engine: &Engine,
-    pre: &ApiAdapterPluginPre<PluginState>,
+    pre: &AdapterPre,
     limits: PluginLimits,
 ) -> Result<Vec<(String, String)>, String> {
     let mut store = new_store(
@@ -426,23 +481,37 @@ fn adapter_routes(
         limits.adapter_memory_bytes,
         limits.deadline_ticks(Kind::ApiAdapter),
     );
-    let bindings = pre
-        .instantiate(&mut store)
-        .map_err(|e| format!("instantiation failed: {e:#}"))?;
-    let routes = bindings
-        .mlxhost_plugin_api_adapter()
-        .call_routes(&mut store)
-        .map_err(|e| format!("`routes` failed: {e:#}"))?;
+    let instantiated = |e: wasmtime::Error| format!("instantiation failed: {e:#}");
+    let failed = |e: wasmtime::Error| format!("`routes` failed: {e:#}");
+    let routes: Vec<(String, String)> = match pre {
+        AdapterPre::V1(pre) => pre
+            .instantiate(&mut store)
+            .map_err(instantiated)?
+            .mlxhost_plugin_api_adapter()
+            .call_routes(&mut store)
+            .map_err(failed)?
+            .into_iter()
+            .map(|r| (r.method, r.path))
+            .collect(),
+        AdapterPre::V2(pre) => pre
+            .instantiate(&mut store)
+            .map_err(instantiated)?
+            .mlxhost_plugin_api_adapter()
+            .call_routes(&mut store)
+            .map_err(failed)?
+            .into_iter()
+            .map(|r| (r.method, r.path))
+            .collect(),
+    };
     let mut out = Vec::with_capacity(routes.len());
-    for r in routes {
-        let method = r.method.to_ascii_uppercase();
-        if !matches!(method.as_str(), "GET" | "POST") || !r.path.starts_with('/') {
+    for (method_given, path) in routes {
+        let method = method_given.to_ascii_uppercase();
+        if !matches!(method.as_str(), "GET" | "POST") || !path.starts_with('/') {
             return Err(format!(
-                "route `{} {}` is invalid (GET or POST on an absolute path)",
-                r.method, r.path
+                "route `{method_given} {path}` is invalid (GET or POST on an absolute path)"
             ));
         }
-        out.push((method, r.path));
+        out.push((method, path));
     }
     Ok(out)
 }

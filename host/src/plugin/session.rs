@@ -165,7 +165,7 @@ pub struct RowChain {
     pub plugin_time: Duration,
 }
 
-fn failed(plugin: &str, cause: impl std::fmt::Display) -> PluginError {
+pub(crate) fn failed(plugin: &str, cause: impl std::fmt::Display) -> PluginError {
     PluginError::Failed {
         plugin: plugin.to_string(),
         cause: cause.to_string(),
@@ -216,6 +216,25 @@ pub(crate) fn trap_cause(e: &wasmtime::Error) -> String {
     text
 }
 
+/// A plugin's `extra` parameters: its manifest `defaults` with the
+/// request's `plugin_params.<name>` object merged over them.
+pub(crate) fn merged_params(
+    name: &str,
+    defaults: serde_json::Value,
+    plugin_params: &serde_json::Value,
+) -> serde_json::Value {
+    let mut merged = match defaults {
+        serde_json::Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    };
+    if let Some(serde_json::Value::Object(m)) = plugin_params.get(name) {
+        for (k, v) in m {
+            merged.insert(k.clone(), v.clone());
+        }
+    }
+    serde_json::Value::Object(merged)
+}
+
 /// What chooses each token of a row: the plugin chain ([`RowChain`]) in
 /// the host; benchmarks implement it natively to measure the plugin cost.
 /// The engine's scheduler drives any implementation, one per row.
@@ -255,18 +274,8 @@ impl RowChain {
         params: &SamplingParams,
         plugin_params: &serde_json::Value,
     ) -> Result<Self, PluginError> {
-        let extra_for = |name: &str, defaults: serde_json::Value| -> serde_json::Value {
-            let mut merged = match defaults {
-                serde_json::Value::Object(m) => m,
-                _ => serde_json::Map::new(),
-            };
-            if let Some(serde_json::Value::Object(m)) = plugin_params.get(name) {
-                for (k, v) in m {
-                    merged.insert(k.clone(), v.clone());
-                }
-            }
-            serde_json::Value::Object(merged)
-        };
+        let extra_for =
+            |name: &str, defaults: serde_json::Value| merged_params(name, defaults, plugin_params);
         let mut procs = Vec::with_capacity(processors.len());
         for name in processors {
             let p = host.get(name, Kind::LogitsProcessor)?;
@@ -327,6 +336,34 @@ impl RowChain {
 
 /// A borrowed chain (benchmarks keep theirs to read it afterwards).
 impl<T: TokenChain + ?Sized> TokenChain for &mut T {
+    fn step(
+        &mut self,
+        logits: Array,
+        ids: &[u32],
+        prompt_len: usize,
+        step: u32,
+    ) -> Result<StepOutput, PluginError> {
+        (**self).step(logits, ids, prompt_len, step)
+    }
+    fn accept(
+        &mut self,
+        token: u32,
+        raw_logprob: f32,
+        sampled_logprob: f32,
+    ) -> Result<(), PluginError> {
+        (**self).accept(token, raw_logprob, sampled_logprob)
+    }
+    fn sampler_name(&self) -> &str {
+        (**self).sampler_name()
+    }
+    fn chain_time(&self) -> Duration {
+        (**self).chain_time()
+    }
+}
+
+/// An owned chain behind a box (the engine wraps a row's chain in host
+/// constraints).
+impl<T: TokenChain + ?Sized> TokenChain for Box<T> {
     fn step(
         &mut self,
         logits: Array,

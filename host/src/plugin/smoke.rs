@@ -2,7 +2,8 @@
 //! created with default parameters (plus the manifest's defaults) and one
 //! step runs on synthetic logits `[V = 512]` and a short history; the
 //! chosen token must be in range. Adapters were already asked for their
-//! routes at load.
+//! routes at load. Parsers get a session and a short text fed in two
+//! pieces (their events are checked as in serving).
 
 use mlx_rs::{transforms::eval, Array, Dtype};
 
@@ -17,8 +18,11 @@ const VOCAB: usize = 512;
 /// Runs the smoke call for `plugin`; `Ok` carries a one-line summary.
 /// A processor needs a sampler to complete its step: `standard` when loaded,
 /// else any sampler in the directory.
-pub fn check(host: &PluginHost, plugin: &LoadedPlugin) -> Result<String, String> {
+pub fn check(host: &std::sync::Arc<PluginHost>, plugin: &LoadedPlugin) -> Result<String, String> {
     let kinds = &plugin.manifest.kinds;
+    if kinds.contains(&Kind::ToolCallParser) || kinds.contains(&Kind::ReasoningParser) {
+        return check_parser(host, plugin);
+    }
     if kinds.contains(&Kind::ApiAdapter)
         && !kinds.contains(&Kind::Sampler)
         && !kinds.contains(&Kind::LogitsProcessor)
@@ -80,4 +84,41 @@ pub fn check(host: &PluginHost, plugin: &LoadedPlugin) -> Result<String, String>
         "one step in {:.2} ms, token {id}",
         started.elapsed().as_secs_f64() * 1e3
     ))
+}
+
+/// A parser session fed `Hello, world.` in two pieces, then finished.
+fn check_parser(
+    host: &std::sync::Arc<PluginHost>,
+    plugin: &LoadedPlugin,
+) -> Result<String, String> {
+    use crate::output::{ParserSession, ToolDefinition};
+    let name = &plugin.manifest.name;
+    let none = serde_json::json!({});
+    let mut summary = Vec::new();
+    let mut sessions = Vec::new();
+    if plugin.manifest.kinds.contains(&Kind::ToolCallParser) {
+        let tools = [ToolDefinition {
+            name: "get_weather".into(),
+            parameters_json: "{}".into(),
+            description: String::new(),
+        }];
+        let mut s = ParserSession::tool_parser(host.clone(), name, &tools, true, &none)
+            .map_err(|e| e.to_string())?;
+        let prefix = s.call_prefix("get_weather").map_err(|e| e.to_string())?;
+        summary.push(format!("call prefix {prefix:?}"));
+        sessions.push(s);
+    }
+    if plugin.manifest.kinds.contains(&Kind::ReasoningParser) {
+        sessions.push(
+            ParserSession::reasoning_parser(host.clone(), name, "", &none)
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    for mut s in sessions {
+        let mut events = s.feed("Hello, ", &[]).map_err(|e| e.to_string())?;
+        events.extend(s.feed("world.", &[]).map_err(|e| e.to_string())?);
+        events.extend(s.finish().map_err(|e| e.to_string())?);
+        summary.push(format!("{} events for plain text", events.len()));
+    }
+    Ok(summary.join("; "))
 }

@@ -77,6 +77,8 @@ fn is_positive(x: f32) -> bool {
 }
 
 impl types::Host for PluginState {}
+impl super::bindings::v2::tool_parser::mlxhost::plugin::types::Host for PluginState {}
+impl super::bindings::v2::adapter::mlxhost::plugin::request::Host for PluginState {}
 impl Host for PluginState {}
 
 impl HostToken for PluginState {

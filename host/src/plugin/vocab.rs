@@ -143,3 +143,22 @@ impl Host for PluginState {
             .map_err(wasmtime::Error::msg)
     }
 }
+
+/// 0.2.0's `vocab` is 0.1.0's, unchanged: the same host functions.
+impl super::bindings::v2::tool_parser::mlxhost::plugin::vocab::Host for PluginState {
+    fn encode(&mut self, text: String) -> wasmtime::Result<Vec<u32>> {
+        Host::encode(self, text)
+    }
+
+    fn token_bytes(&mut self, id: u32) -> wasmtime::Result<Vec<u8>> {
+        Host::token_bytes(self, id)
+    }
+
+    fn token_sequences_for(
+        &mut self,
+        text: String,
+        max_tail: u32,
+    ) -> wasmtime::Result<Vec<(u32, Vec<u32>)>> {
+        Host::token_sequences_for(self, text, max_tail)
+    }
+}

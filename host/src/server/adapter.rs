@@ -3,18 +3,33 @@
 //! the plugin epoch deadline; a trap or a malformed return fails the
 //! request with the adapter's name, and the host falls back to its own
 //! error body (the adapter cannot be trusted to render it).
+//!
+//! The host speaks WIT 0.2.0's types; a 0.1.0 adapter's values are
+//! converted at this one boundary ([`super::adapter_v1`]).
 
 use wasmtime::Store;
 
-use crate::plugin::bindings::adapter::exports::mlxhost::plugin::api_adapter as wit;
-use crate::plugin::bindings::adapter::ApiAdapterPlugin;
+use crate::plugin::bindings::v2::adapter::exports::mlxhost::plugin::api_adapter as wit;
+use crate::plugin::bindings::v2::adapter::ApiAdapterPlugin;
+use crate::plugin::runtime::AdapterPre;
 use crate::plugin::tensors::PluginState;
 use crate::plugin::{Kind, PluginError, PluginHost};
 
-pub use wit::{
-    Action, ApiError, ErrorKind, GenerationRequest, GenerationUpdate, HttpRequest, HttpResponse,
-    RequestContext, SseEvent, TokenLogprob, TopLogprob, Usage,
+pub use crate::plugin::bindings::v2::adapter::mlxhost::plugin::request::{
+    ContentPart, GenerationRequest, Message, Prompt, SamplingRequest, ToolCall, ToolChoice,
 };
+pub use wit::{
+    Action, ApiError, ErrorKind, GenerationUpdate, HttpRequest, HttpResponse, RequestContext,
+    SseEvent, TokenLogprob, TopLogprob, Usage,
+};
+
+use super::adapter_v1 as v1;
+
+/// An instantiated adapter of either WIT version.
+enum Bindings {
+    V1(crate::plugin::bindings::adapter::ApiAdapterPlugin),
+    V2(ApiAdapterPlugin),
+}
 
 /// A live adapter instance for one request.
 pub struct AdapterCall {
@@ -23,7 +38,7 @@ pub struct AdapterCall {
     _host: std::sync::Arc<PluginHost>,
     name: String,
     store: Store<PluginState>,
-    bindings: ApiAdapterPlugin,
+    bindings: Bindings,
     deadline_ticks: u64,
     /// What the adapter is told about this request.
     pub ctx: RequestContext,
@@ -50,9 +65,11 @@ impl AdapterCall {
             .as_ref()
             .ok_or_else(|| failed(name, "instantiate", "no api-adapter world"))?;
         let mut store = host.new_store(Kind::ApiAdapter);
-        let bindings = pre
-            .instantiate(&mut store)
-            .map_err(|e| failed(name, "instantiate", format!("{e:#}")))?;
+        let bindings = match pre {
+            AdapterPre::V1(pre) => pre.instantiate(&mut store).map(Bindings::V1),
+            AdapterPre::V2(pre) => pre.instantiate(&mut store).map(Bindings::V2),
+        }
+        .map_err(|e| failed(name, "instantiate", format!("{e:#}")))?;
         let deadline_ticks = host.deadline_ticks(Kind::ApiAdapter);
         Ok(AdapterCall {
             _host: host,
@@ -72,11 +89,21 @@ impl AdapterCall {
     /// `handle`: the request as an action.
     pub fn handle(&mut self, req: &HttpRequest) -> Result<Action, PluginError> {
         self.store.set_epoch_deadline(self.deadline_ticks);
-        let action = self
-            .bindings
-            .mlxhost_plugin_api_adapter()
-            .call_handle(&mut self.store, &self.ctx, req)
-            .map_err(|e| failed(&self.name, "handle", trap(&e)))?;
+        let action = match &self.bindings {
+            Bindings::V1(b) => b
+                .mlxhost_plugin_api_adapter()
+                .call_handle(
+                    &mut self.store,
+                    &v1::context(&self.ctx),
+                    &v1::http_request(req),
+                )
+                .map(v1::action),
+            Bindings::V2(b) => {
+                b.mlxhost_plugin_api_adapter()
+                    .call_handle(&mut self.store, &self.ctx, req)
+            }
+        }
+        .map_err(|e| failed(&self.name, "handle", trap(&e)))?;
         if let Action::Respond(r) = &action {
             self.check(r, "handle")?;
         }
@@ -86,11 +113,21 @@ impl AdapterCall {
     /// `render`: the whole, non-streamed response.
     pub fn render(&mut self, update: &GenerationUpdate) -> Result<HttpResponse, PluginError> {
         self.store.set_epoch_deadline(self.deadline_ticks);
-        let r = self
-            .bindings
-            .mlxhost_plugin_api_adapter()
-            .call_render(&mut self.store, &self.ctx, update)
-            .map_err(|e| failed(&self.name, "render", trap(&e)))?;
+        let r = match &self.bindings {
+            Bindings::V1(b) => b
+                .mlxhost_plugin_api_adapter()
+                .call_render(
+                    &mut self.store,
+                    &v1::context(&self.ctx),
+                    &v1::update(update),
+                )
+                .map(v1::http_response),
+            Bindings::V2(b) => {
+                b.mlxhost_plugin_api_adapter()
+                    .call_render(&mut self.store, &self.ctx, update)
+            }
+        }
+        .map_err(|e| failed(&self.name, "render", trap(&e)))?;
         self.check(&r, "render")?;
         Ok(r)
     }
@@ -101,11 +138,22 @@ impl AdapterCall {
         update: &GenerationUpdate,
     ) -> Result<Vec<SseEvent>, PluginError> {
         self.store.set_epoch_deadline(self.deadline_ticks);
-        let events = self
-            .bindings
-            .mlxhost_plugin_api_adapter()
-            .call_render_stream(&mut self.store, &self.ctx, update)
-            .map_err(|e| failed(&self.name, "render-stream", trap(&e)))?;
+        let events = match &self.bindings {
+            Bindings::V1(b) => b
+                .mlxhost_plugin_api_adapter()
+                .call_render_stream(
+                    &mut self.store,
+                    &v1::context(&self.ctx),
+                    &v1::update(update),
+                )
+                .map(|events| events.into_iter().map(v1::sse_event).collect()),
+            Bindings::V2(b) => b.mlxhost_plugin_api_adapter().call_render_stream(
+                &mut self.store,
+                &self.ctx,
+                update,
+            ),
+        }
+        .map_err(|e| failed(&self.name, "render-stream", trap(&e)))?;
         // SSE event names cannot hold line breaks; data lines are split by
         // the framing, so any text is fine there.
         if let Some(bad) = events.iter().find(|e| e.event.contains(['\n', '\r'])) {
@@ -122,12 +170,22 @@ impl AdapterCall {
     /// adapter fails too.
     pub fn render_error(&mut self, error: &ApiError) -> HttpResponse {
         self.store.set_epoch_deadline(self.deadline_ticks);
-        let rendered = self
-            .bindings
-            .mlxhost_plugin_api_adapter()
-            .call_render_error(&mut self.store, &self.ctx, error)
-            .map_err(|e| failed(&self.name, "render-error", trap(&e)))
-            .and_then(|r| self.check(&r, "render-error").map(|()| r));
+        let rendered = match &self.bindings {
+            Bindings::V1(b) => b
+                .mlxhost_plugin_api_adapter()
+                .call_render_error(
+                    &mut self.store,
+                    &v1::context(&self.ctx),
+                    &v1::api_error(error),
+                )
+                .map(v1::http_response),
+            Bindings::V2(b) => {
+                b.mlxhost_plugin_api_adapter()
+                    .call_render_error(&mut self.store, &self.ctx, error)
+            }
+        }
+        .map_err(|e| failed(&self.name, "render-error", trap(&e)))
+        .and_then(|r| self.check(&r, "render-error").map(|()| r));
         match rendered {
             Ok(r) => r,
             Err(e) => {

@@ -21,9 +21,8 @@ use axum::Extension;
 use tokio::sync::mpsc;
 
 use crate::engine::{FinishReason, GenerateError, GenerateSummary};
-use crate::plugin::bindings::sampler::mlxhost::plugin::types::{
-    FinishReason as WitFinish, GenerationEvent,
-};
+use crate::output::{merge, GenerationEvent, OutputPipeline};
+use crate::plugin::bindings::v2::tool_parser::mlxhost::plugin::types::FinishReason as WitFinish;
 use crate::plugin::{LivePlugins, PluginError, PluginHost};
 
 use super::adapter::{
@@ -50,6 +49,36 @@ pub struct AppState {
     pub max_queue: usize,
     /// Set when shutdown begins.
     pub shutting_down: AtomicBool,
+    /// Output pipeline counters, for `/stats`.
+    pub output: OutputStats,
+}
+
+/// What the output pipelines saw, since start (`/stats` `output`).
+#[derive(Debug, Default)]
+pub struct OutputStats {
+    /// Complete tool calls returned.
+    pub tool_calls: std::sync::atomic::AtomicU64,
+    /// Calls a parser could not complete, returned as content.
+    pub invalid_tool_calls: std::sync::atomic::AtomicU64,
+    /// Requests that failed because a parser plugin failed.
+    pub parser_failures: std::sync::atomic::AtomicU64,
+}
+
+impl OutputStats {
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "tool_calls": self.tool_calls.load(Ordering::Relaxed),
+            "invalid_tool_calls": self.invalid_tool_calls.load(Ordering::Relaxed),
+            "parser_failures": self.parser_failures.load(Ordering::Relaxed),
+        })
+    }
+
+    fn record(&self, p: &OutputPipeline) {
+        self.tool_calls
+            .fetch_add(p.tool_calls() as u64, Ordering::Relaxed);
+        self.invalid_tool_calls
+            .fetch_add(p.invalid_calls() as u64, Ordering::Relaxed);
+    }
 }
 
 fn response(r: HttpResponse) -> Response {
@@ -98,8 +127,9 @@ pub async fn health(State(app): State<Arc<AppState>>) -> Response {
 /// reused, entries, bytes, cap, evictions), the SSD tier's (`null` when
 /// off; see `SsdCacheStats`), the scheduler's (`batch`: running rows,
 /// waiting requests, prefill tokens per step, batch occupancy, step time
-/// and plugin share per batch size; see `SchedulerStats`) and the requests
-/// in flight.
+/// and plugin share per batch size; see `SchedulerStats`), the output
+/// pipelines' (`output`: tool calls, invalid tool calls returned as
+/// content, parser failures) and the requests in flight.
 pub async fn stats(State(app): State<Arc<AppState>>) -> Response {
     let cache = app
         .engine
@@ -119,6 +149,7 @@ pub async fn stats(State(app): State<Arc<AppState>>) -> Response {
         "batch": batch,
         "prompt_cache": cache,
         "ssd_cache": ssd,
+        "output": app.output.json(),
     }))
     .into_response()
 }
@@ -311,21 +342,35 @@ async fn run_generation(
         }
     }
     let mut acc = Accumulator::new(frontend, prepared.logprobs);
+    let mut out = Output {
+        pipeline: prepared.pipeline,
+        app: app.clone(),
+    };
+    // Forced reply text (tool_choice) is output the model did not sample.
+    let forced = match prepared.forced.as_deref().map(|t| out.text(t)) {
+        Some(Ok(events)) => events,
+        Some(Err(e)) => return response(call.render_error(&e)),
+        None => Vec::new(),
+    };
     if !prepared.stream {
-        let mut text = String::new();
+        let mut events = forced;
         while let Some(ev) = rx.recv().await {
             match ev {
-                JobEvent::Token(t) => acc.token(t),
-                JobEvent::Text(t) => text.push_str(&t),
+                JobEvent::Token(t) => {
+                    out.pipeline.token(t.id);
+                    acc.token(t)
+                }
+                JobEvent::Text(t) => match out.text(&t) {
+                    Ok(e) => events.extend(e),
+                    Err(e) => return response(call.render_error(&e)),
+                },
                 JobEvent::Finished(summary) => {
                     drop(guard);
-                    return match finished_update(
-                        &mut acc,
-                        0,
-                        vec![GenerationEvent::Text(text)],
-                        &summary,
-                        &app,
-                    ) {
+                    match out.finish() {
+                        Ok(e) => events.extend(e),
+                        Err(e) => return response(call.render_error(&e)),
+                    }
+                    return match finished_update(&mut acc, &out, 0, merge(events), &summary, &app) {
                         Ok(update) => match call.render(&update) {
                             Ok(r) => response(r),
                             Err(e) => response(host_error(&plugin_error(&e))),
@@ -350,7 +395,7 @@ async fn run_generation(
     tokio::spawn(async move {
         let _guard = guard;
         let mut sequence = 0u32;
-        let first = acc.update(sequence, Vec::new());
+        let first = acc.update(sequence, forced);
         if !send_all(&mut call, &first, &sse_tx).await {
             return;
         }
@@ -368,16 +413,38 @@ async fn run_generation(
             };
             match ev {
                 JobEvent::Started => {}
-                JobEvent::Token(t) => acc.token(t),
+                JobEvent::Token(t) => {
+                    out.pipeline.token(t.id);
+                    acc.token(t)
+                }
                 JobEvent::Text(t) => {
-                    let update = acc.update(sequence, vec![GenerationEvent::Text(t)]);
+                    let events = match out.text(&t) {
+                        Ok(e) => e,
+                        Err(e) => {
+                            send_error_event(&sse_tx, call.render_error(&e)).await;
+                            return;
+                        }
+                    };
+                    // Text a parser holds back (a possible call) is sent
+                    // once it is decided; logprobs wait with it.
+                    if events.is_empty() {
+                        continue;
+                    }
+                    let update = acc.update(sequence, events);
                     sequence += 1;
                     if !send_all(&mut call, &update, &sse_tx).await {
                         return;
                     }
                 }
                 JobEvent::Finished(summary) => {
-                    match finished_update(&mut acc, sequence, Vec::new(), &summary, &app) {
+                    let events = match out.finish() {
+                        Ok(e) => e,
+                        Err(e) => {
+                            send_error_event(&sse_tx, call.render_error(&e)).await;
+                            return;
+                        }
+                    };
+                    match finished_update(&mut acc, &out, sequence, events, &summary, &app) {
                         Ok(update) => {
                             send_all(&mut call, &update, &sse_tx).await;
                         }
@@ -400,6 +467,33 @@ async fn run_generation(
         rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
     });
     Sse::new(stream).into_response()
+}
+
+/// A request's output pipeline with the server's counters: a parser
+/// failure fails the request (500 naming the plugin), counted in `/stats`.
+struct Output {
+    pipeline: OutputPipeline,
+    app: Arc<AppState>,
+}
+
+impl Output {
+    fn text(&mut self, t: &str) -> Result<Vec<GenerationEvent>, ApiError> {
+        self.pipeline.text(t).map_err(|e| self.failed(e))
+    }
+
+    fn finish(&mut self) -> Result<Vec<GenerationEvent>, ApiError> {
+        let events = self.pipeline.finish().map_err(|e| self.failed(e))?;
+        self.app.output.record(&self.pipeline);
+        Ok(events)
+    }
+
+    fn failed(&self, e: PluginError) -> ApiError {
+        self.app
+            .output
+            .parser_failures
+            .fetch_add(1, Ordering::Relaxed);
+        api_error(500, ErrorKind::Plugin, e.to_string())
+    }
 }
 
 /// Sends an error body as the stream's last event (headers are already
@@ -441,12 +535,15 @@ async fn send_all(
 /// because the server is shutting down.
 fn finished_update(
     acc: &mut Accumulator,
+    out: &Output,
     sequence: u32,
     events: Vec<GenerationEvent>,
     summary: &GenerateSummary,
     app: &AppState,
 ) -> Result<GenerationUpdate, ApiError> {
     let finish = match summary.finish_reason {
+        // A reply that made a complete call ends for the client to run it.
+        FinishReason::Stop if out.pipeline.tool_calls() > 0 => WitFinish::ToolCalls,
         FinishReason::Stop => WitFinish::Stop,
         FinishReason::Length => WitFinish::Length,
         FinishReason::Cancelled => {
@@ -460,6 +557,7 @@ fn finished_update(
     };
     let mut update = acc.update(sequence, events);
     update.finish = Some(finish);
+    update.stop_sequence = summary.stop_sequence.clone();
     update.usage = Some(Usage {
         prompt_tokens: summary.prompt_tokens as u32,
         completion_tokens: summary.completion_tokens as u32,
@@ -519,6 +617,7 @@ impl Accumulator {
             events,
             logprobs: std::mem::take(&mut self.pending),
             finish: None,
+            stop_sequence: None,
             usage: None,
         }
     }

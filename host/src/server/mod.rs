@@ -4,6 +4,7 @@
 //! routes (`docs/architecture.md`).
 
 pub mod adapter;
+mod adapter_v1;
 pub mod http;
 pub mod request;
 
@@ -158,6 +159,7 @@ async fn serve(
         body_limit: config.body_limit,
         max_queue: config.max_queue,
         shutting_down: AtomicBool::new(false),
+        output: Default::default(),
     });
     let router = axum::Router::new()
         .route("/health", get(http::health))

@@ -1,12 +1,17 @@
-//! Canonical generation request (from an adapter) -> engine request:
-//! server defaults applied, chat template rendered, prompt tokenized, and
-//! every limit checked before the job is queued (`semantics.md`).
+//! Canonical generation request (from an adapter, WIT 0.2.0's request
+//! model) -> engine request plus its output pipeline: server defaults
+//! applied, parsers chosen, chat template rendered (with tools and
+//! template keyword arguments), `tool_choice` enforced, prompt tokenized,
+//! and every limit checked before the job is queued (`semantics.md`).
+
+use std::sync::Arc;
 
 use crate::engine::GenerateRequest;
-use crate::model::ChatMessage;
+use crate::model::TemplateMessage;
+use crate::output::{choose_parser, OutputPipeline, ParserSession};
 use crate::plugin::{Kind, PluginHost, SamplingParams};
 
-use super::adapter::{ApiError, ErrorKind, GenerationRequest};
+use super::adapter::{ApiError, ContentPart, ErrorKind, GenerationRequest, Prompt, ToolChoice};
 use crate::engine::worker::Frontend;
 
 /// Server-side defaults, from `mlxhost serve` flags.
@@ -28,6 +33,11 @@ pub struct Defaults {
     pub sampler: String,
     /// System message added when a request has none.
     pub system: Option<String>,
+    /// Tool-call parser when a request names none (`--tool-parser`;
+    /// `None` = from the chat template, `"none"` = off).
+    pub tool_parser: Option<String>,
+    /// Reasoning parser when a request names none (`--reasoning-parser`).
+    pub reasoning_parser: Option<String>,
 }
 
 /// The processors the host inserts for standard fields, in `semantics.md`'s
@@ -40,7 +50,6 @@ pub const STANDARD_PROCESSORS: [(&str, &str); 4] = [
 ];
 
 /// A request ready for the engine.
-#[derive(Debug)]
 pub struct Prepared {
     /// What the engine runs.
     pub request: GenerateRequest,
@@ -48,6 +57,11 @@ pub struct Prepared {
     pub stream: bool,
     /// Report per-token logprobs.
     pub logprobs: bool,
+    /// The request's output stages.
+    pub pipeline: OutputPipeline,
+    /// Reply text the host forced (prefilled after the prompt) to enforce
+    /// `tool_choice`; it is output, so the pipeline sees it first.
+    pub forced: Option<String>,
 }
 
 fn bad(param: Option<&str>, message: impl Into<String>) -> ApiError {
@@ -65,9 +79,15 @@ fn bad(param: Option<&str>, message: impl Into<String>) -> ApiError {
 pub fn prepare(
     g: GenerationRequest,
     frontend: &Frontend,
-    plugins: &PluginHost,
+    plugins: &Arc<PluginHost>,
     defaults: &Defaults,
 ) -> Result<Prepared, ApiError> {
+    if g.previous_response_id.is_some() {
+        return Err(bad(
+            Some("previous_response_id"),
+            "this server keeps no stored responses",
+        ));
+    }
     let s = &g.sampling;
     let logit_bias = s.logit_bias.clone();
     if let Some((id, _)) = logit_bias
@@ -145,9 +165,14 @@ pub fn prepare(
             "`plugin_params` must be an object keyed by plugin name",
         ));
     };
+    // Parsers are chosen below; their parameters may be given too.
+    let is_parser = |k: &str| {
+        plugins.get(k, Kind::ToolCallParser).is_ok()
+            || plugins.get(k, Kind::ReasoningParser).is_ok()
+    };
     if let Some(name) = by_plugin
         .keys()
-        .find(|k| **k != sampler && !processors.contains(k))
+        .find(|k| **k != sampler && !processors.contains(k) && !is_parser(k))
     {
         return Err(bad(
             Some("plugin_params"),
@@ -155,13 +180,99 @@ pub fn prepare(
         ));
     }
 
-    let prompt_ids = prompt_ids(&g, frontend, defaults)?;
+    let kwargs = match serde_json::from_str::<serde_json::Value>(&g.chat_template_kwargs) {
+        Ok(serde_json::Value::Object(m)) => m,
+        _ => {
+            return Err(bad(
+                Some("chat_template_kwargs"),
+                "`chat_template_kwargs` must be a JSON object",
+            ))
+        }
+    };
+    let tools_on = !g.tools.is_empty() && !matches!(g.tool_choice, ToolChoice::None);
+    if let ToolChoice::Named(name) = &g.tool_choice {
+        if !g.tools.iter().any(|t| &t.name == name) {
+            return Err(bad(
+                Some("tool_choice"),
+                format!("`tool_choice` names function `{name}`, which is not in `tools`"),
+            ));
+        }
+    }
+    if matches!(g.tool_choice, ToolChoice::Required) && g.tools.is_empty() {
+        return Err(bad(
+            Some("tool_choice"),
+            "`tool_choice` is `required` but no `tools` are given",
+        ));
+    }
+
+    let template_source = frontend.template.as_ref().map(|t| t.source());
+    let (mut prompt_ids, prompt_text) = prompt_ids(&g, &kwargs, tools_on, frontend, defaults)?;
+    let reasoning = match choose_parser(
+        g.reasoning_parser.as_deref(),
+        defaults.reasoning_parser.as_deref(),
+        template_source,
+        plugins,
+        Kind::ReasoningParser,
+    ) {
+        Some(name) => Some(
+            ParserSession::reasoning_parser(plugins.clone(), &name, &prompt_text, &plugin_params)
+                .map_err(|e| parser_error("reasoning_parser", e))?,
+        ),
+        None => None,
+    };
+    let tool_parser = if tools_on {
+        match choose_parser(
+            g.tool_parser.as_deref(),
+            defaults.tool_parser.as_deref(),
+            template_source,
+            plugins,
+            Kind::ToolCallParser,
+        ) {
+            Some(name) => Some(
+                ParserSession::tool_parser(
+                    plugins.clone(),
+                    &name,
+                    &g.tools,
+                    g.parallel_tool_calls,
+                    &plugin_params,
+                )
+                .map_err(|e| parser_error("tool_parser", e))?,
+            ),
+            None => None,
+        }
+    } else {
+        None
+    };
+    let mut pipeline = OutputPipeline::new(
+        reasoning,
+        tool_parser,
+        frontend.tokenizer.special_token_texts(),
+    );
+    let (forced, choices) = forced_call(&g, &mut pipeline)?;
+    let encode = |text: &str| {
+        frontend
+            .tokenizer
+            .encode(text)
+            .map_err(|e| bad(Some("tool_choice"), e.to_string()))
+    };
+    if let Some(text) = &forced {
+        prompt_ids.extend(encode(text)?);
+    }
+    let forced_choices = choices
+        .iter()
+        .map(|c| encode(c))
+        .collect::<Result<Vec<_>, _>>()?;
+
     let context = frontend.context;
+    let prompt_field = match g.prompt {
+        Prompt::Messages(_) => "messages",
+        Prompt::Text(_) | Prompt::TokenIds(_) => "prompt",
+    };
     if prompt_ids.len() >= context {
         return Err(bad(
-            Some("messages"),
+            Some(prompt_field),
             format!(
-                "this model's maximum context length is {context} tokens; the messages are {} tokens",
+                "this model's maximum context length is {context} tokens; the prompt is {} tokens",
                 prompt_ids.len()
             ),
         ));
@@ -185,6 +296,8 @@ pub fn prepare(
             prompt_ids,
             max_tokens,
             stop: g.stop.clone(),
+            keep_special: pipeline.parses(),
+            forced_choices,
             params,
             sampler,
             processors,
@@ -197,41 +310,215 @@ pub fn prepare(
         },
         stream: g.stream,
         logprobs: g.logprobs,
+        pipeline,
+        forced,
     })
 }
 
-/// Renders the chat template (with the server's system message when the
-/// request has none) and tokenizes.
+/// A parser that could not be set up: an unknown or rejected name is the
+/// client's (or the flag's) fault, named by `field`.
+fn parser_error(field: &str, e: crate::plugin::PluginError) -> ApiError {
+    match e {
+        crate::plugin::PluginError::Unknown { .. }
+        | crate::plugin::PluginError::Rejected { .. } => bad(Some(field), e.to_string()),
+        other => ApiError {
+            status: 500,
+            kind: ErrorKind::Plugin,
+            message: other.to_string(),
+            param: None,
+        },
+    }
+}
+
+/// `tool_choice` `required` / named, enforced. The reply starts with the
+/// parser's call prefix for the function: prefilled after the prompt (the
+/// returned text), so the model can only continue with arguments. For
+/// `required` over several tools, the text the tools' prefixes share is
+/// prefilled and each prefix's rest is returned as a choice: the engine
+/// masks the first tokens to those choices ([`crate::engine::constrain`]),
+/// so the model picks one of the functions and then writes its arguments.
+fn forced_call(
+    g: &GenerationRequest,
+    pipeline: &mut OutputPipeline,
+) -> Result<(Option<String>, Vec<String>), ApiError> {
+    let names: Vec<&str> = match &g.tool_choice {
+        ToolChoice::Named(name) => vec![name.as_str()],
+        ToolChoice::Required => g.tools.iter().map(|t| t.name.as_str()).collect(),
+        ToolChoice::Auto | ToolChoice::None => return Ok((None, Vec::new())),
+    };
+    let Some(parser) = pipeline.tool_parser() else {
+        return Err(bad(
+            Some("tool_choice"),
+            "`tool_choice` needs a tool-call parser, and none is chosen for this model (set `tool_parser` or --tool-parser)",
+        ));
+    };
+    let parser_name = parser.name().to_string();
+    let mut prefixes = Vec::with_capacity(names.len());
+    for name in &names {
+        match parser.call_prefix(name) {
+            Ok(Some(p)) => prefixes.push(p),
+            Ok(None) => {
+                return Err(bad(
+                    Some("tool_choice"),
+                    format!("the `{parser_name}` tool parser cannot force a call"),
+                ))
+            }
+            Err(e) => return Err(parser_error("tool_parser", e)),
+        }
+    }
+    let Some(first) = prefixes.first() else {
+        return Ok((None, Vec::new()));
+    };
+    if prefixes.len() == 1 {
+        return Ok((Some(first.clone()), Vec::new()));
+    }
+    let common = prefixes[1..]
+        .iter()
+        .map(|p| common_prefix_len(first, p))
+        .min()
+        .unwrap_or(0);
+    let choices = prefixes.iter().map(|p| p[common..].to_string()).collect();
+    Ok(((common > 0).then(|| first[..common].to_string()), choices))
+}
+
+/// Bytes `a` and `b` share at the start, at a character boundary.
+fn common_prefix_len(a: &str, b: &str) -> usize {
+    a.char_indices()
+        .zip(b.chars())
+        .find(|((_, x), y)| x != y)
+        .map(|((i, _), _)| i)
+        .unwrap_or(a.len().min(b.len()))
+}
+
+/// The prompt's token ids and text: messages rendered through the chat
+/// template (with the server's system message when the request has none,
+/// tools when `tools_on`, and `kwargs`), raw text tokenized, or ids checked
+/// against the vocabulary.
 fn prompt_ids(
     g: &GenerationRequest,
+    kwargs: &serde_json::Map<String, serde_json::Value>,
+    tools_on: bool,
     frontend: &Frontend,
     defaults: &Defaults,
-) -> Result<Vec<u32>, ApiError> {
+) -> Result<(Vec<u32>, String), ApiError> {
+    let tokenizer = &frontend.tokenizer;
+    let messages = match &g.prompt {
+        Prompt::Text(text) => {
+            let ids = tokenizer
+                .encode(text)
+                .map_err(|e| bad(Some("prompt"), e.to_string()))?;
+            return Ok((ids, text.clone()));
+        }
+        Prompt::TokenIds(ids) => {
+            if ids.is_empty() {
+                return Err(bad(Some("prompt"), "the prompt is empty"));
+            }
+            if let Some(id) = ids.iter().find(|id| **id as usize >= frontend.vocab) {
+                return Err(bad(
+                    Some("prompt"),
+                    format!(
+                        "token id {id} is outside the vocabulary (size {})",
+                        frontend.vocab
+                    ),
+                ));
+            }
+            let text = tokenizer.decode(ids, false).unwrap_or_default();
+            return Ok((ids.clone(), text));
+        }
+        Prompt::Messages(m) => m,
+    };
     let template = frontend
         .template
         .as_ref()
         .ok_or_else(|| bad(Some("messages"), "this model has no chat template"))?;
-    let mut messages: Vec<ChatMessage> = Vec::with_capacity(g.messages.len() + 1);
+    let mut rendered: Vec<TemplateMessage> = Vec::with_capacity(messages.len() + 1);
     if let Some(system) = &defaults.system {
-        if !g.messages.iter().any(|m| m.role == "system") {
-            messages.push(ChatMessage {
+        if !messages.iter().any(|m| m.role == "system") {
+            rendered.push(TemplateMessage {
                 role: "system".into(),
                 content: system.clone(),
+                ..TemplateMessage::default()
             });
         }
     }
-    messages.extend(g.messages.iter().map(|m| ChatMessage {
-        role: m.role.clone(),
-        content: m.content.clone(),
-    }));
-    let text = template.render(&messages, true).map_err(|e| {
-        bad(
-            Some("messages"),
-            format!("the chat template rejected the messages: {e}"),
-        )
-    })?;
-    frontend
-        .tokenizer
+    for (i, m) in messages.iter().enumerate() {
+        let mut content = String::new();
+        for (j, part) in m.content.iter().enumerate() {
+            match part {
+                ContentPart::Text(t) => content.push_str(t),
+                ContentPart::ImageUrl(_) => {
+                    return Err(bad(
+                        Some(&format!("messages[{i}].content[{j}].type")),
+                        "this model takes text only; image content is not supported",
+                    ))
+                }
+            }
+        }
+        let tool_calls = (!m.tool_calls.is_empty()).then(|| {
+            m.tool_calls
+                .iter()
+                .map(|c| {
+                    // Templates `tojson` the arguments: give them the mapping.
+                    let arguments = serde_json::from_str::<serde_json::Value>(&c.arguments)
+                        .unwrap_or_else(|_| serde_json::Value::String(c.arguments.clone()));
+                    serde_json::json!({
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": arguments},
+                    })
+                })
+                .collect()
+        });
+        rendered.push(TemplateMessage {
+            role: m.role.clone(),
+            content,
+            tool_calls,
+            tool_call_id: m.tool_call_id.clone(),
+            name: m.name.clone(),
+            reasoning_content: m.reasoning.clone(),
+        });
+    }
+    let tools: Vec<serde_json::Value> = if tools_on {
+        g.tools
+            .iter()
+            .map(|t| {
+                let parameters = serde_json::from_str::<serde_json::Value>(&t.parameters_json)
+                    .unwrap_or_else(|_| serde_json::json!({}));
+                let mut function = serde_json::Map::new();
+                function.insert("name".into(), t.name.clone().into());
+                if !t.description.is_empty() {
+                    function.insert("description".into(), t.description.clone().into());
+                }
+                function.insert("parameters".into(), parameters);
+                serde_json::json!({"type": "function", "function": function})
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let text = template
+        .render_with(&rendered, &tools, kwargs, true)
+        .map_err(|e| {
+            bad(
+                Some("messages"),
+                format!("the chat template rejected the messages: {e}"),
+            )
+        })?;
+    let ids = tokenizer
         .encode(&text)
-        .map_err(|e| bad(Some("messages"), e.to_string()))
+        .map_err(|e| bad(Some("messages"), e.to_string()))?;
+    Ok((ids, text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::common_prefix_len;
+
+    #[test]
+    fn common_prefixes_end_at_character_boundaries() {
+        assert_eq!(common_prefix_len("<a>\"get_time", "<a>\"get_weather"), 8);
+        assert_eq!(common_prefix_len("éa", "éb"), 2);
+        assert_eq!(common_prefix_len("ab", "abc"), 2);
+        assert_eq!(common_prefix_len("", "x"), 0);
+    }
 }
