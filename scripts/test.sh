@@ -12,6 +12,12 @@ cargo clippy --workspace --all-targets -q -- -D warnings
 cargo build --workspace -q
 ./scripts/build-plugins.sh
 ./examples/build.sh
+# The guest crates' own unit tests, natively (stable cargo ignores the guest workspace's
+# build-std settings once a host target is given).
+HOST_TARGET=$(rustc -vV | sed -n 's/^host: //p')
+for crate in plugins/tool-parsers plugins/openai; do
+  (cd "$crate" && cargo test -q --target "$HOST_TARGET")
+done
 if ! command -v cargo-nextest >/dev/null; then
   cargo install --locked cargo-nextest
 fi

@@ -139,6 +139,21 @@ def test_round_trip_streamed_equals_non_streamed(tool_server):
     assert (content, calls, finish) == ("Sunny, and it is 10:00.", [], "stop")
 
 
+def test_parallel_tool_calls_false_ends_the_reply_after_the_first_call(tool_server):
+    client = tool_server.client()
+    messages = [{"role": "user", "content": "Weather and time in Paris?"}]
+    r = ask(client, messages, HERMES_TWO, tools=[WEATHER, TIME], parallel_tool_calls=False)
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_weather"]
+    content, _, calls, finish = collect_stream(
+        ask(client, messages, HERMES_TWO, stream=True, tools=[WEATHER, TIME], parallel_tool_calls=False)
+    )
+    assert (content, [c["name"] for c in calls], finish) == ("Checking both.", ["get_weather"], "tool_calls")
+    # The row was stopped early: fewer tokens than the whole script.
+    whole = ask(client, messages, HERMES_TWO, tools=[WEATHER, TIME])
+    assert r.usage.completion_tokens < whole.usage.completion_tokens
+
+
 def test_malformed_call_is_returned_as_content_and_counted(tool_server):
     client = tool_server.client()
     http = tool_server.http()

@@ -304,6 +304,7 @@ async fn run_generation(
     let (tx, mut rx) = mpsc::unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
     let guard = CancelOnDrop(cancel.clone());
+    let cancel_flag = cancel.clone();
     let job = Job {
         request_id: request_id.0.clone(),
         request: prepared.request,
@@ -345,6 +346,9 @@ async fn run_generation(
     let mut out = Output {
         pipeline: prepared.pipeline,
         app: app.clone(),
+        single_call: prepared.single_call,
+        ended: false,
+        cancel: cancel_flag,
     };
     // Forced reply text (tool_choice) is output the model did not sample.
     let forced = match prepared.forced.as_deref().map(|t| out.text(t)) {
@@ -474,14 +478,38 @@ async fn run_generation(
 struct Output {
     pipeline: OutputPipeline,
     app: Arc<AppState>,
+    /// `parallel_tool_calls: false`: end the reply after its first call.
+    single_call: bool,
+    /// The reply ended here (the engine is told to stop the row; what it
+    /// still sends is not output), as at a stop string.
+    ended: bool,
+    cancel: Arc<AtomicBool>,
 }
 
 impl Output {
     fn text(&mut self, t: &str) -> Result<Vec<GenerationEvent>, ApiError> {
-        self.pipeline.text(t).map_err(|e| self.failed(e))
+        if self.ended {
+            return Ok(Vec::new());
+        }
+        let mut events = self.pipeline.text(t).map_err(|e| self.failed(e))?;
+        if self.single_call {
+            if let Some(end) = events
+                .iter()
+                .position(|e| matches!(e, GenerationEvent::ToolCallEnd(_)))
+            {
+                events.truncate(end + 1);
+                self.ended = true;
+                self.cancel.store(true, Ordering::Relaxed);
+            }
+        }
+        Ok(events)
     }
 
     fn finish(&mut self) -> Result<Vec<GenerationEvent>, ApiError> {
+        if self.ended {
+            self.app.output.record(&self.pipeline);
+            return Ok(Vec::new());
+        }
         let events = self.pipeline.finish().map_err(|e| self.failed(e))?;
         self.app.output.record(&self.pipeline);
         Ok(events)
@@ -542,7 +570,10 @@ fn finished_update(
     app: &AppState,
 ) -> Result<GenerationUpdate, ApiError> {
     let finish = match summary.finish_reason {
-        // A reply that made a complete call ends for the client to run it.
+        // A reply that made a complete call ends for the client to run it;
+        // so does one the pipeline ended after its only allowed call (the
+        // engine reports that row as cancelled).
+        _ if out.ended => WitFinish::ToolCalls,
         FinishReason::Stop if out.pipeline.tool_calls() > 0 => WitFinish::ToolCalls,
         FinishReason::Stop => WitFinish::Stop,
         FinishReason::Length => WitFinish::Length,

@@ -62,6 +62,9 @@ pub struct Prepared {
     /// Reply text the host forced (prefilled after the prompt) to enforce
     /// `tool_choice`; it is output, so the pipeline sees it first.
     pub forced: Option<String>,
+    /// `parallel_tool_calls: false` with tools: the reply ends after its
+    /// first complete call.
+    pub single_call: bool,
 }
 
 fn bad(param: Option<&str>, message: impl Into<String>) -> ApiError {
@@ -310,6 +313,7 @@ pub fn prepare(
         },
         stream: g.stream,
         logprobs: g.logprobs,
+        single_call: tools_on && !g.parallel_tool_calls,
         pipeline,
         forced,
     })
