@@ -320,3 +320,19 @@ def test_template_kwargs_keep_prompt_cache_hits(tool_server):
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, second["usage"]
     bad = http.post("/v1/chat/completions", json={**body, "chat_template_kwargs": [1]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs"
+
+
+def test_control_tokens_reach_parsers_but_never_the_user(tool_server):
+    client = tool_server.client()
+    # The ids of "Hello world" (vLLM's `return_tokens_as_token_ids`).
+    r = ask(client, [{"role": "user", "content": "x"}], "Hello world", logprobs=True,
+            extra_body={"return_tokens_as_token_ids": True})
+    ids = [int(t.token.split(":")[1]) for t in r.choices[0].logprobs.content]
+    # `<|im_start|>` (id 1 in SmolLM2) in the middle of the reply.
+    script = {"sampler": "scripted", "plugin_params": {"scripted": {"ids": ids[:1] + [1] + ids[1:]}}}
+    for tools in ({}, {"tools": [WEATHER]}):
+        for stream in (False, True):
+            r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                               stream=stream, extra_body=script, max_tokens=20, **tools)
+            content = collect_stream(r)[0] if stream else r.choices[0].message.content
+            assert content == "Hello world", (tools, stream, content)
