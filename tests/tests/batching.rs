@@ -41,7 +41,7 @@ impl SequenceSink for Sink {
     fn event(&mut self, event: GenerateEvent) {
         let mut r = self.record.borrow_mut();
         match event {
-            GenerateEvent::Started => r.started = true,
+            GenerateEvent::Started { .. } => r.started = true,
             GenerateEvent::Text(t) => r.text.push_str(&t),
             GenerateEvent::Token(t) => {
                 let margin = match t.top.as_slice() {

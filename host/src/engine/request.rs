@@ -60,7 +60,10 @@ pub struct TokenInfo {
 #[derive(Debug, Clone)]
 pub enum GenerateEvent {
     /// The plugin chain accepted the request; prefill begins.
-    Started,
+    Started {
+        /// Prompt tokens whose KV came from the prompt cache.
+        cached_tokens: usize,
+    },
     /// Text that is final (stop strings already excluded).
     Text(String),
     /// A token was chosen (before its text is known to be final).

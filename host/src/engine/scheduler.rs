@@ -488,7 +488,9 @@ fn admit_one<'s>(
             return None;
         }
     }
-    sink.event(GenerateEvent::Started);
+    sink.event(GenerateEvent::Started {
+        cached_tokens: cached,
+    });
     Some(Sequence::new(
         id,
         request.prompt_ids,

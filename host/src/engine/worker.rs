@@ -48,8 +48,12 @@ pub struct Frontend {
 /// alone when the request is rejected before it starts).
 #[derive(Debug)]
 pub enum JobEvent {
-    /// The chain accepted the request (headers can be sent now).
-    Started,
+    /// The chain accepted the request (headers can be sent now); how many
+    /// prompt tokens the prompt cache supplied.
+    Started {
+        /// Prompt tokens whose KV came from the prompt cache.
+        cached_tokens: usize,
+    },
     /// A token was chosen (raw logprob and alternatives).
     Token(TokenInfo),
     /// Final text.
@@ -436,9 +440,9 @@ struct JobSink {
 impl SequenceSink for JobSink {
     fn event(&mut self, event: GenerateEvent) {
         let out = match event {
-            GenerateEvent::Started => {
+            GenerateEvent::Started { cached_tokens } => {
                 self.started = true;
-                JobEvent::Started
+                JobEvent::Started { cached_tokens }
             }
             GenerateEvent::Token(t) => {
                 self.first_token

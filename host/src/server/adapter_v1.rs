@@ -2,7 +2,7 @@
 //! requests are lifted to the 0.2.0 request model (a 0.1.0 message is one
 //! text part; its `tools` are offered with `tool-choice: auto`), and the
 //! host's 0.2.0 updates are lowered for them (`invalid-call` becomes text,
-//! the matched stop string is not reported).
+//! the matched stop string is not reported, usage only on the last update).
 
 use crate::plugin::bindings::adapter::exports::mlxhost::plugin::api_adapter as old;
 use crate::plugin::bindings::sampler::mlxhost::plugin::types as old_types;
@@ -161,11 +161,16 @@ pub(super) fn update(u: &new::GenerationUpdate) -> old::GenerationUpdate {
             })
             .collect(),
         finish: u.finish.map(finish),
-        usage: u.usage.as_ref().map(|x| old::Usage {
-            prompt_tokens: x.prompt_tokens,
-            completion_tokens: x.completion_tokens,
-            cached_tokens: x.cached_tokens,
-        }),
+        // 0.1.0 promises usage on the last update only.
+        usage: u
+            .usage
+            .as_ref()
+            .filter(|_| u.finish.is_some())
+            .map(|x| old::Usage {
+                prompt_tokens: x.prompt_tokens,
+                completion_tokens: x.completion_tokens,
+                cached_tokens: x.cached_tokens,
+            }),
     }
 }
 

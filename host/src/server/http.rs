@@ -305,6 +305,7 @@ async fn run_generation(
     let cancel = Arc::new(AtomicBool::new(false));
     let guard = CancelOnDrop(cancel.clone());
     let cancel_flag = cancel.clone();
+    let prompt_tokens = prepared.request.prompt_ids.len();
     let job = Job {
         request_id: request_id.0.clone(),
         request: prepared.request,
@@ -331,8 +332,8 @@ async fn run_generation(
         )));
     }
     // Wait for the engine to accept (or reject) the job before choosing a status.
-    match rx.recv().await {
-        Some(JobEvent::Started) => {}
+    let cached_tokens = match rx.recv().await {
+        Some(JobEvent::Started { cached_tokens }) => cached_tokens,
         Some(JobEvent::Failed(e)) => return response(call.render_error(&generate_error(&e))),
         Some(_) | None => {
             return response(call.render_error(&api_error(
@@ -341,7 +342,7 @@ async fn run_generation(
                 "the engine dropped the request",
             )))
         }
-    }
+    };
     let mut acc = Accumulator::new(frontend, prepared.logprobs);
     let mut out = Output {
         pipeline: prepared.pipeline,
@@ -383,7 +384,7 @@ async fn run_generation(
                     };
                 }
                 JobEvent::Failed(e) => return response(call.render_error(&generate_error(&e))),
-                JobEvent::Started => {}
+                JobEvent::Started { .. } => {}
             }
         }
         return response(call.render_error(&api_error(
@@ -399,7 +400,14 @@ async fn run_generation(
     tokio::spawn(async move {
         let _guard = guard;
         let mut sequence = 0u32;
-        let first = acc.update(sequence, forced);
+        let mut first = acc.update(sequence, forced);
+        // The prompt's size is known before the first token: dialects that
+        // report it up front (Anthropic's `message_start`) read it here.
+        first.usage = Some(Usage {
+            prompt_tokens: prompt_tokens as u32,
+            completion_tokens: 0,
+            cached_tokens: cached_tokens as u32,
+        });
         if !send_all(&mut call, &first, &sse_tx).await {
             return;
         }
@@ -416,7 +424,7 @@ async fn run_generation(
                 return;
             };
             match ev {
-                JobEvent::Started => {}
+                JobEvent::Started { .. } => {}
                 JobEvent::Token(t) => {
                     out.pipeline.token(t.id);
                     acc.token(t)
