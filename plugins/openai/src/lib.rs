@@ -1,14 +1,20 @@
-//! The `openai` API adapter: OpenAI Chat Completions over the host's HTTP,
-//! on `mlxhost:plugin@0.2.0` (content parts, tool calls, reasoning).
+//! The `openai` API adapter: OpenAI Chat Completions and legacy
+//! Completions over the host's HTTP, on `mlxhost:plugin@0.2.0` (content
+//! parts, tool calls, reasoning).
 //!
 //! Routes: `GET /v1/models`, `POST /v1/chat/completions` (streamed as SSE
 //! `chat.completion.chunk`s ending in `data: [DONE]`, or one
-//! `chat.completion`). `request` turns the body into the canonical
-//! generation request; `render` turns the host's generation events (text,
-//! reasoning, tool calls) into OpenAI's JSON. The host creates one instance
-//! per HTTP request, so the options `handle` parsed are kept in this
+//! `chat.completion`), `POST /v1/completions` (`completions`: a text or
+//! token-id prompt, `text_completion` objects, streamed or not).
+//! `request` turns the body into the canonical generation request; `render`
+//! turns the host's generation events (text, reasoning, tool calls) into
+//! OpenAI's JSON. The host creates one instance per HTTP request, so the
+//! options `handle` parsed (and which endpoint it served) are kept in this
 //! instance's memory for the `render*` calls that follow.
 
+mod completions;
+#[cfg(test)]
+mod completions_tests;
 mod render;
 mod request;
 #[cfg(test)]
@@ -22,9 +28,10 @@ use mlxhost_plugin_sdk::v2::adapter::exports::mlxhost::plugin::api_adapter::{
 };
 use serde_json::json;
 
-use request::RenderOptions;
+use request::{Endpoint, Invalid, RenderOptions};
 
 const CHAT: &str = "/v1/chat/completions";
+const COMPLETIONS: &str = "/v1/completions";
 const MODELS: &str = "/v1/models";
 
 thread_local! {
@@ -47,6 +54,23 @@ fn error_response(e: ApiError) -> HttpResponse {
     json_response(e.status, render::error(&e))
 }
 
+/// A parsed request becomes a generation (its options kept for `render*`),
+/// a rejected one a 400 naming the field.
+fn generate_or_400(parsed: Result<(api::GenerationRequest, RenderOptions), Invalid>) -> Action {
+    match parsed {
+        Ok((generation, opts)) => {
+            OPTIONS.with(|o| *o.borrow_mut() = opts);
+            Action::Generate(generation)
+        }
+        Err(invalid) => Action::Respond(error_response(ApiError {
+            status: 400,
+            kind: ErrorKind::InvalidRequest,
+            message: invalid.message,
+            param: invalid.param,
+        })),
+    }
+}
+
 struct Adapter;
 
 impl api::Guest for Adapter {
@@ -59,6 +83,10 @@ impl api::Guest for Adapter {
             Route {
                 method: "POST".into(),
                 path: CHAT.into(),
+            },
+            Route {
+                method: "POST".into(),
+                path: COMPLETIONS.into(),
             },
         ]
     }
@@ -77,18 +105,8 @@ impl api::Guest for Adapter {
                     }],
                 }),
             )),
-            ("POST", CHAT) => match request::parse(&req.body) {
-                Ok((generation, opts)) => {
-                    OPTIONS.with(|o| *o.borrow_mut() = opts);
-                    Action::Generate(generation)
-                }
-                Err(invalid) => Action::Respond(error_response(ApiError {
-                    status: 400,
-                    kind: ErrorKind::InvalidRequest,
-                    message: invalid.message,
-                    param: invalid.param,
-                })),
-            },
+            ("POST", CHAT) => generate_or_400(request::parse(&req.body)),
+            ("POST", COMPLETIONS) => generate_or_400(completions::parse(&req.body)),
             (method, path) => Action::Respond(error_response(ApiError {
                 status: 404,
                 kind: ErrorKind::NotFound,
@@ -99,11 +117,23 @@ impl api::Guest for Adapter {
     }
 
     fn render(ctx: RequestContext, update: GenerationUpdate) -> HttpResponse {
-        json_response(200, render::completion(&ctx, &options(), &update))
+        let opts = options();
+        let body = match opts.endpoint {
+            Endpoint::Chat => render::completion(&ctx, &opts, &update),
+            Endpoint::Completions => completions::completion(&ctx, &opts, &update),
+        };
+        json_response(200, body)
     }
 
     fn render_stream(ctx: RequestContext, update: GenerationUpdate) -> Vec<SseEvent> {
-        render::stream_chunks(&ctx, &options(), &update)
+        let chunks = OPTIONS.with(|o| {
+            let mut opts = o.borrow_mut();
+            match opts.endpoint {
+                Endpoint::Chat => render::stream_chunks(&ctx, &opts, &update),
+                Endpoint::Completions => completions::stream_chunks(&ctx, &mut opts, &update),
+            }
+        });
+        chunks
             .into_iter()
             .map(|data| SseEvent {
                 event: String::new(),

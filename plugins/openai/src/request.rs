@@ -40,20 +40,36 @@ pub struct Invalid {
     pub param: Option<String>,
 }
 
-fn invalid(param: &str, message: impl Into<String>) -> Invalid {
+pub(crate) fn invalid(param: &str, message: impl Into<String>) -> Invalid {
     Invalid {
         message: message.into(),
         param: Some(param.to_string()),
     }
 }
 
+/// Which route this instance serves (one instance serves one HTTP request).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions`.
+    #[default]
+    Chat,
+    /// `POST /v1/completions` (legacy Completions, `crate::completions`).
+    Completions,
+}
+
 /// Options the renderer needs later in the same request.
 #[derive(Debug, Clone, Default)]
 pub struct RenderOptions {
+    pub endpoint: Endpoint,
     pub logprobs: bool,
     pub include_usage: bool,
     /// vLLM's `return_tokens_as_token_ids`: tokens render as `token_id:<id>`.
     pub tokens_as_ids: bool,
+    /// Completions `echo`: the prompt text, prepended to the completion.
+    pub echo: Option<String>,
+    /// Completions streams: where the next token starts in the text
+    /// streamed so far (`logprobs.text_offset`), carried across updates.
+    pub offsets: crate::completions::Offsets,
 }
 
 /// Parses and validates a request body.
@@ -85,16 +101,7 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
         return Err(invalid(param, format!("`{param}` must be at least 1")));
     }
     let stream = f.bool("stream")?.unwrap_or(false);
-    let include_usage = match obj.get("stream_options") {
-        None | Some(Value::Null) => false,
-        Some(Value::Object(o)) => Fields(o).bool("include_usage")?.unwrap_or(false),
-        Some(_) => {
-            return Err(invalid(
-                "stream_options",
-                "`stream_options` must be an object",
-            ))
-        }
-    };
+    let include_usage = include_usage(obj)?;
     let logprobs = f.bool("logprobs")?.unwrap_or(false);
     let top_logprobs = f.uint("top_logprobs")?.unwrap_or(0);
     if top_logprobs > 20 {
@@ -109,104 +116,12 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
             "`top_logprobs` requires `logprobs` to be true",
         ));
     }
-    let sampling = SamplingRequest {
-        temperature: f.ranged("temperature", 0.0, 2.0)?,
-        top_p: f.ranged("top_p", 0.0, 1.0)?,
-        top_k: match f.int("top_k")? {
-            None => None,
-            // vLLM and mlx_lm.server spell "off" as -1 or 0.
-            Some(k) if k <= 0 => Some(0),
-            Some(k) => {
-                Some(u32::try_from(k).map_err(|_| invalid("top_k", "`top_k` is too large"))?)
-            }
-        },
-        min_p: f.ranged("min_p", 0.0, 1.0)?,
-        xtc_probability: f.ranged("xtc_probability", 0.0, 1.0)?,
-        xtc_threshold: f.ranged("xtc_threshold", 0.0, 0.5)?,
-        seed: f.int("seed")?.map(|s| s as u64),
-        repetition_penalty: match f.number("repetition_penalty")? {
-            Some(p) if p <= 0.0 => {
-                return Err(invalid(
-                    "repetition_penalty",
-                    format!("`repetition_penalty` must be > 0, got {p}"),
-                ))
-            }
-            p => p,
-        },
-        repetition_context_size: f.uint("repetition_context_size")?,
-        presence_penalty: f.ranged("presence_penalty", -2.0, 2.0)?,
-        frequency_penalty: f.ranged("frequency_penalty", -2.0, 2.0)?,
-        logit_bias: parse_logit_bias(obj.get("logit_bias"))?,
-    };
-    let stop = match obj.get("stop") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(items)) => {
-            if items.len() > 4 {
-                return Err(invalid(
-                    "stop",
-                    format!("at most 4 stop sequences, got {}", items.len()),
-                ));
-            }
-            items
-                .iter()
-                .map(|v| {
-                    v.as_str().map(str::to_string).ok_or_else(|| {
-                        invalid("stop", "`stop` must be a string or an array of strings")
-                    })
-                })
-                .collect::<Result<_, _>>()?
-        }
-        Some(_) => {
-            return Err(invalid(
-                "stop",
-                "`stop` must be a string or an array of strings",
-            ))
-        }
-    };
-    if stop.iter().any(|s| s.is_empty()) {
-        return Err(invalid("stop", "stop sequences must not be empty"));
-    }
+    let sampling = sampling(obj)?;
+    let stop = stop(obj)?;
     parse_response_format(obj.get("response_format"))?;
     let sampler = f.string("sampler")?;
-    let logits_processors = match obj.get("logits_processors") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| {
-                v.as_str().map(str::to_string).ok_or_else(|| {
-                    invalid(
-                        "logits_processors",
-                        "`logits_processors` must be an array of plugin names",
-                    )
-                })
-            })
-            .collect::<Result<_, _>>()?,
-        Some(_) => {
-            return Err(invalid(
-                "logits_processors",
-                "`logits_processors` must be an array of plugin names",
-            ))
-        }
-    };
-    let plugin_params = match obj.get("plugin_params") {
-        None | Some(Value::Null) => "{}".to_string(),
-        Some(v @ Value::Object(m)) => {
-            if let Some((k, _)) = m.iter().find(|(_, v)| !v.is_object()) {
-                return Err(invalid(
-                    "plugin_params",
-                    format!("`plugin_params.{k}` must be an object of that plugin's parameters"),
-                ));
-            }
-            v.to_string()
-        }
-        Some(_) => {
-            return Err(invalid(
-                "plugin_params",
-                "`plugin_params` must be an object keyed by plugin name",
-            ))
-        }
-    };
+    let logits_processors = logits_processors(obj)?;
+    let plugin_params = plugin_params(obj)?;
     let tools = parse_tools(obj.get("tools"))?;
     let tool_choice = parse_tool_choice(obj.get("tool_choice"), &tools)?;
     let parallel_tool_calls = f.bool("parallel_tool_calls")?.unwrap_or(true);
@@ -248,32 +163,162 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
             logprobs,
             include_usage,
             tokens_as_ids,
+            ..RenderOptions::default()
         },
     ))
 }
 
+/// `stream_options.include_usage` (false when absent).
+pub(crate) fn include_usage(obj: &Map<String, Value>) -> Result<bool, Invalid> {
+    Ok(match obj.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => Fields(o).bool("include_usage")?.unwrap_or(false),
+        Some(_) => {
+            return Err(invalid(
+                "stream_options",
+                "`stream_options` must be an object",
+            ))
+        }
+    })
+}
+
+/// The sampling fields shared by Chat Completions and Completions (OpenAI's
+/// and mlx_lm.server's).
+pub(crate) fn sampling(obj: &Map<String, Value>) -> Result<SamplingRequest, Invalid> {
+    let f = Fields(obj);
+    Ok(SamplingRequest {
+        temperature: f.ranged("temperature", 0.0, 2.0)?,
+        top_p: f.ranged("top_p", 0.0, 1.0)?,
+        top_k: match f.int("top_k")? {
+            None => None,
+            // vLLM and mlx_lm.server spell "off" as -1 or 0.
+            Some(k) if k <= 0 => Some(0),
+            Some(k) => {
+                Some(u32::try_from(k).map_err(|_| invalid("top_k", "`top_k` is too large"))?)
+            }
+        },
+        min_p: f.ranged("min_p", 0.0, 1.0)?,
+        xtc_probability: f.ranged("xtc_probability", 0.0, 1.0)?,
+        xtc_threshold: f.ranged("xtc_threshold", 0.0, 0.5)?,
+        seed: f.int("seed")?.map(|s| s as u64),
+        repetition_penalty: match f.number("repetition_penalty")? {
+            Some(p) if p <= 0.0 => {
+                return Err(invalid(
+                    "repetition_penalty",
+                    format!("`repetition_penalty` must be > 0, got {p}"),
+                ))
+            }
+            p => p,
+        },
+        repetition_context_size: f.uint("repetition_context_size")?,
+        presence_penalty: f.ranged("presence_penalty", -2.0, 2.0)?,
+        frequency_penalty: f.ranged("frequency_penalty", -2.0, 2.0)?,
+        logit_bias: parse_logit_bias(obj.get("logit_bias"))?,
+    })
+}
+
+/// `stop`: a string or up to 4 non-empty strings.
+pub(crate) fn stop(obj: &Map<String, Value>) -> Result<Vec<String>, Invalid> {
+    let stop: Vec<String> = match obj.get("stop") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => {
+            if items.len() > 4 {
+                return Err(invalid(
+                    "stop",
+                    format!("at most 4 stop sequences, got {}", items.len()),
+                ));
+            }
+            items
+                .iter()
+                .map(|v| {
+                    v.as_str().map(str::to_string).ok_or_else(|| {
+                        invalid("stop", "`stop` must be a string or an array of strings")
+                    })
+                })
+                .collect::<Result<_, _>>()?
+        }
+        Some(_) => {
+            return Err(invalid(
+                "stop",
+                "`stop` must be a string or an array of strings",
+            ))
+        }
+    };
+    if stop.iter().any(|s| s.is_empty()) {
+        return Err(invalid("stop", "stop sequences must not be empty"));
+    }
+    Ok(stop)
+}
+
+/// `logits_processors`: plugin names, in order.
+pub(crate) fn logits_processors(obj: &Map<String, Value>) -> Result<Vec<String>, Invalid> {
+    Ok(match obj.get("logits_processors") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| {
+                v.as_str().map(str::to_string).ok_or_else(|| {
+                    invalid(
+                        "logits_processors",
+                        "`logits_processors` must be an array of plugin names",
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(invalid(
+                "logits_processors",
+                "`logits_processors` must be an array of plugin names",
+            ))
+        }
+    })
+}
+
+/// `plugin_params`: `{"plugin-name": {...}}` as JSON text (`{}` when absent).
+pub(crate) fn plugin_params(obj: &Map<String, Value>) -> Result<String, Invalid> {
+    Ok(match obj.get("plugin_params") {
+        None | Some(Value::Null) => "{}".to_string(),
+        Some(v @ Value::Object(m)) => {
+            if let Some((k, _)) = m.iter().find(|(_, v)| !v.is_object()) {
+                return Err(invalid(
+                    "plugin_params",
+                    format!("`plugin_params.{k}` must be an object of that plugin's parameters"),
+                ));
+            }
+            v.to_string()
+        }
+        Some(_) => {
+            return Err(invalid(
+                "plugin_params",
+                "`plugin_params` must be an object keyed by plugin name",
+            ))
+        }
+    })
+}
+
 /// Typed access to optional fields; `null` counts as absent.
-struct Fields<'a>(&'a Map<String, Value>);
+pub(crate) struct Fields<'a>(pub(crate) &'a Map<String, Value>);
 
 impl Fields<'_> {
-    fn get(&self, key: &str) -> Option<&Value> {
+    pub(crate) fn get(&self, key: &str) -> Option<&Value> {
         self.0.get(key).filter(|v| !v.is_null())
     }
-    fn string(&self, key: &str) -> Result<Option<String>, Invalid> {
+    pub(crate) fn string(&self, key: &str) -> Result<Option<String>, Invalid> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
             Some(_) => Err(invalid(key, format!("`{key}` must be a string"))),
         }
     }
-    fn bool(&self, key: &str) -> Result<Option<bool>, Invalid> {
+    pub(crate) fn bool(&self, key: &str) -> Result<Option<bool>, Invalid> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
             Some(_) => Err(invalid(key, format!("`{key}` must be a boolean"))),
         }
     }
-    fn number(&self, key: &str) -> Result<Option<f32>, Invalid> {
+    pub(crate) fn number(&self, key: &str) -> Result<Option<f32>, Invalid> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Number(n)) => n
@@ -284,7 +329,7 @@ impl Fields<'_> {
             Some(_) => Err(invalid(key, format!("`{key}` must be a number"))),
         }
     }
-    fn ranged(&self, key: &str, lo: f32, hi: f32) -> Result<Option<f32>, Invalid> {
+    pub(crate) fn ranged(&self, key: &str, lo: f32, hi: f32) -> Result<Option<f32>, Invalid> {
         match self.number(key)? {
             Some(x) if !(lo..=hi).contains(&x) => Err(invalid(
                 key,
@@ -293,7 +338,7 @@ impl Fields<'_> {
             x => Ok(x),
         }
     }
-    fn int(&self, key: &str) -> Result<Option<i64>, Invalid> {
+    pub(crate) fn int(&self, key: &str) -> Result<Option<i64>, Invalid> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Number(n)) => n
@@ -303,7 +348,7 @@ impl Fields<'_> {
             Some(_) => Err(invalid(key, format!("`{key}` must be an integer"))),
         }
     }
-    fn uint(&self, key: &str) -> Result<Option<u32>, Invalid> {
+    pub(crate) fn uint(&self, key: &str) -> Result<Option<u32>, Invalid> {
         match self.int(key)? {
             None => Ok(None),
             Some(x) => u32::try_from(x).map(Some).map_err(|_| {
@@ -315,7 +360,7 @@ impl Fields<'_> {
         }
     }
     /// A string that must not be empty when given (plugin names).
-    fn non_empty_string(&self, key: &str) -> Result<Option<String>, Invalid> {
+    pub(crate) fn non_empty_string(&self, key: &str) -> Result<Option<String>, Invalid> {
         match self.string(key)? {
             Some(s) if s.is_empty() => Err(invalid(key, format!("`{key}` must not be empty"))),
             s => Ok(s),
