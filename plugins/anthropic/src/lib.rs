@@ -1,0 +1,122 @@
+//! The `anthropic` API adapter: Anthropic's Messages API over the host's
+//! HTTP, on `mlxhost:plugin@0.2.0` (content blocks, tool use, thinking).
+//!
+//! Routes: `POST /v1/messages` (streamed as Anthropic's named SSE events,
+//! or one `message`) and `POST /v1/messages/count_tokens` (501: an adapter
+//! cannot tokenize; see docs/anthropic.md). `request` turns the body into
+//! the canonical generation request; `render` turns the host's generation
+//! events into Anthropic's content blocks. The host creates one instance
+//! per HTTP request, so the stream's state (which block is open, its
+//! index) lives in this instance's memory between `render-stream` calls.
+
+mod render;
+mod request;
+#[cfg(test)]
+mod tests;
+
+use std::cell::RefCell;
+
+use mlxhost_plugin_sdk::v2::adapter::exports::mlxhost::plugin::api_adapter::{
+    self as api, Action, ApiError, ErrorKind, GenerationUpdate, HttpRequest, HttpResponse,
+    RequestContext, Route, SseEvent,
+};
+use serde_json::json;
+
+const MESSAGES: &str = "/v1/messages";
+const COUNT_TOKENS: &str = "/v1/messages/count_tokens";
+
+thread_local! {
+    static STREAM: RefCell<render::Stream> = RefCell::new(render::Stream::default());
+}
+
+fn json_response(status: u16, body: String) -> HttpResponse {
+    HttpResponse {
+        status,
+        content_type: "application/json".into(),
+        body: body.into_bytes(),
+    }
+}
+
+fn error_response(ctx: &RequestContext, e: &ApiError) -> HttpResponse {
+    json_response(e.status, render::error(ctx, e).to_string())
+}
+
+struct Adapter;
+
+impl api::Guest for Adapter {
+    fn routes() -> Vec<Route> {
+        [MESSAGES, COUNT_TOKENS]
+            .into_iter()
+            .map(|path| Route {
+                method: "POST".into(),
+                path: path.into(),
+            })
+            .collect()
+    }
+
+    fn handle(ctx: RequestContext, req: HttpRequest) -> Action {
+        // Headers (`x-api-key`, `authorization`, `anthropic-version`,
+        // `anthropic-beta`) are accepted and not read: the host has no auth.
+        match (req.method.as_str(), req.path.as_str()) {
+            ("POST", MESSAGES) => match request::parse(&req.body) {
+                Ok(generation) => {
+                    STREAM.with(|s| *s.borrow_mut() = render::Stream::default());
+                    Action::Generate(generation)
+                }
+                Err(invalid) => Action::Respond(error_response(
+                    &ctx,
+                    &ApiError {
+                        status: 400,
+                        kind: ErrorKind::InvalidRequest,
+                        message: invalid.message,
+                        param: invalid.param,
+                    },
+                )),
+            },
+            // Counting needs the chat template and the tokenizer, which only
+            // the host has; an estimate would be a wrong number.
+            ("POST", COUNT_TOKENS) => Action::Respond(json_response(
+                501,
+                json!({
+                    "type": "error",
+                    "error": {
+                        "type": "api_error",
+                        "message": "count_tokens is not supported by this server yet",
+                    },
+                    "request_id": ctx.request_id,
+                })
+                .to_string(),
+            )),
+            (method, path) => Action::Respond(error_response(
+                &ctx,
+                &ApiError {
+                    status: 404,
+                    kind: ErrorKind::NotFound,
+                    message: format!("no route {method} {path}"),
+                    param: None,
+                },
+            )),
+        }
+    }
+
+    fn render(ctx: RequestContext, update: GenerationUpdate) -> HttpResponse {
+        json_response(200, render::message(&ctx, &update))
+    }
+
+    fn render_stream(ctx: RequestContext, update: GenerationUpdate) -> Vec<SseEvent> {
+        STREAM
+            .with(|s| render::stream_events(&ctx, &mut s.borrow_mut(), &update))
+            .into_iter()
+            .map(|(event, data)| SseEvent {
+                event: event.into(),
+                data,
+            })
+            .collect()
+    }
+
+    fn render_error(ctx: RequestContext, error: ApiError) -> HttpResponse {
+        error_response(&ctx, &error)
+    }
+}
+
+mlxhost_plugin_sdk::v2::adapter::export_adapter!(Adapter);
