@@ -409,7 +409,7 @@ pub fn error(ctx: &RequestContext, e: &ApiError) -> Value {
         Some(p) => {
             // The host names the canonical field; this dialect spells it so.
             let p = if p == "stop" { "stop_sequences" } else { p };
-            if e.message.starts_with(p) {
+            if e.message.starts_with(&format!("{p}: ")) {
                 e.message.clone()
             } else {
                 format!("{p}: {}", e.message)

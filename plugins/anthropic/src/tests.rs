@@ -703,6 +703,24 @@ fn host_errors_render_in_anthropic_shape() {
         err(400, ErrorKind::InvalidRequest, Some("stop")).1,
         "stop_sequences: went wrong"
     );
+    // A message the host already led with the field is not prefixed twice.
+    let message = |message: &str| {
+        let e = ApiError {
+            status: 400,
+            kind: ErrorKind::InvalidRequest,
+            message: message.into(),
+            param: Some("max_tokens".into()),
+        };
+        render::error(&ctx(), &e)["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(message("max_tokens: too big"), "max_tokens: too big");
+    assert_eq!(
+        message("max_tokens is 9000"),
+        "max_tokens: max_tokens is 9000"
+    );
     assert_eq!(err(404, ErrorKind::NotFound, None).0, "not_found_error");
     assert_eq!(err(413, ErrorKind::TooLarge, None).0, "request_too_large");
     assert_eq!(
