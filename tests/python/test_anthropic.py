@@ -462,8 +462,9 @@ def test_a_failure_inside_a_stream_is_an_anthropic_error_body(server):
         raw = r.read().decode()
     frames = [dict(line.split(": ", 1) for line in f.splitlines()) for f in raw.split("\n\n") if f.strip()]
     assert frames[0]["event"] == "message_start"
-    # The host sends the error body as a data-only event (no `event:`).
-    assert "event" not in frames[-1], frames[-1]
+    # The host sends the error body as the last event (today data-only, with
+    # no `event:`; `error` once the host names it, see the xfail below).
+    assert frames[-1].get("event", "error") == "error", frames[-1]
     error = json.loads(frames[-1]["data"])
     assert error["type"] == "error" and error["error"]["type"] == "api_error", error
     assert "trap" in error["error"]["message"]
