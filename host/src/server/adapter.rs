@@ -195,6 +195,36 @@ impl AdapterCall {
         }
     }
 
+    /// `render-stream-error`: an error after the stream began, as the
+    /// stream's last events. A 0.1.0 adapter (which lacks the call), or an
+    /// adapter that fails here, gets its `render-error` body as one
+    /// data-only event.
+    pub fn render_stream_error(&mut self, error: &ApiError) -> Vec<SseEvent> {
+        if let Bindings::V2(b) = &self.bindings {
+            self.store.set_epoch_deadline(self.deadline_ticks);
+            match b.mlxhost_plugin_api_adapter().call_render_stream_error(
+                &mut self.store,
+                &self.ctx,
+                error,
+            ) {
+                Ok(events) if !events.iter().any(|e| e.event.contains(['\n', '\r'])) => {
+                    return events
+                }
+                Ok(_) => {
+                    tracing::warn!(adapter = %self.name, "stream error event name holds a line break; using the error body")
+                }
+                Err(e) => {
+                    tracing::warn!(adapter = %self.name, error = %trap(&e), "adapter could not render a stream error; using the error body")
+                }
+            }
+        }
+        let body = self.render_error(error);
+        vec![SseEvent {
+            event: String::new(),
+            data: String::from_utf8_lossy(&body.body).into_owned(),
+        }]
+    }
+
     fn check(&self, r: &HttpResponse, what: &str) -> Result<(), PluginError> {
         if !(100..=599).contains(&r.status) {
             return Err(failed(

@@ -85,6 +85,7 @@ fn generation_request(g: old::GenerationRequest) -> req::GenerationRequest {
             logit_bias: s.logit_bias,
         },
         max_tokens: g.max_tokens,
+        clamp_max_tokens: false,
         stop: g.stop,
         stream: g.stream,
         logprobs: g.logprobs,

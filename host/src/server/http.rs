@@ -418,9 +418,8 @@ async fn run_generation(
                 _ = sse_tx.closed() => return,
             };
             let Some(ev) = ev else {
-                let body =
-                    call.render_error(&api_error(500, ErrorKind::Server, "the engine stopped"));
-                send_error_event(&sse_tx, body).await;
+                let stopped = api_error(500, ErrorKind::Server, "the engine stopped");
+                send_stream_error(&mut call, &stopped, &sse_tx).await;
                 return;
             };
             match ev {
@@ -433,7 +432,7 @@ async fn run_generation(
                     let events = match out.text(&t) {
                         Ok(e) => e,
                         Err(e) => {
-                            send_error_event(&sse_tx, call.render_error(&e)).await;
+                            send_stream_error(&mut call, &e, &sse_tx).await;
                             return;
                         }
                     };
@@ -452,7 +451,7 @@ async fn run_generation(
                     let events = match out.finish() {
                         Ok(e) => e,
                         Err(e) => {
-                            send_error_event(&sse_tx, call.render_error(&e)).await;
+                            send_stream_error(&mut call, &e, &sse_tx).await;
                             return;
                         }
                     };
@@ -461,7 +460,7 @@ async fn run_generation(
                             send_all(&mut call, &update, &sse_tx).await;
                         }
                         Err(e) => {
-                            send_error_event(&sse_tx, call.render_error(&e)).await;
+                            send_stream_error(&mut call, &e, &sse_tx).await;
                         }
                     }
                     return;
@@ -469,7 +468,7 @@ async fn run_generation(
                 JobEvent::Failed(e) => {
                     // Headers are sent: the error goes in the stream, in the
                     // adapter's error shape, and the stream ends.
-                    send_error_event(&sse_tx, call.render_error(&generate_error(&e))).await;
+                    send_stream_error(&mut call, &generate_error(&e), &sse_tx).await;
                     return;
                 }
             }
@@ -538,6 +537,20 @@ async fn send_error_event(tx: &mpsc::Sender<Event>, body: HttpResponse) {
     let _ = tx
         .send(Event::default().data(String::from_utf8_lossy(&body.body)))
         .await;
+}
+
+/// Sends an error as the stream's last events, in the adapter's shape
+/// (`render-stream-error`).
+async fn send_stream_error(call: &mut AdapterCall, error: &ApiError, tx: &mpsc::Sender<Event>) {
+    for e in call.render_stream_error(error) {
+        let mut event = Event::default().data(e.data);
+        if !e.event.is_empty() {
+            event = event.event(e.event);
+        }
+        if tx.send(event).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Renders one update and sends its events; false when the client is gone

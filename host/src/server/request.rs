@@ -282,7 +282,7 @@ pub fn prepare(
     }
     let room = context - prompt_ids.len();
     let max_tokens = match g.max_tokens {
-        Some(n) if n as usize > room => {
+        Some(n) if n as usize > room && !g.clamp_max_tokens => {
             return Err(bad(
                 Some("max_tokens"),
                 format!(
@@ -291,7 +291,7 @@ pub fn prepare(
                 ),
             ))
         }
-        Some(n) => n as usize,
+        Some(n) => (n as usize).min(room),
         None => room.min(defaults.max_tokens),
     };
     Ok(Prepared {
@@ -446,10 +446,16 @@ fn prompt_ids(
         }
     }
     for (i, m) in messages.iter().enumerate() {
+        // Text parts are joined with newlines, as vLLM joins them.
         let mut content = String::new();
         for (j, part) in m.content.iter().enumerate() {
             match part {
-                ContentPart::Text(t) => content.push_str(t),
+                ContentPart::Text(t) => {
+                    if j > 0 {
+                        content.push('\n');
+                    }
+                    content.push_str(t)
+                }
                 ContentPart::ImageUrl(_) => {
                     return Err(bad(
                         Some(&format!("messages[{i}].content[{j}].type")),

@@ -117,6 +117,16 @@ impl api::Guest for Adapter {
     fn render_error(ctx: RequestContext, error: ApiError) -> HttpResponse {
         error_response(&ctx, &error)
     }
+
+    /// Anthropic's stream error: `event: error` with the error body (the
+    /// SDKs act on the event name).
+    fn render_stream_error(ctx: RequestContext, error: ApiError) -> Vec<SseEvent> {
+        let body = error_response(&ctx, &error);
+        vec![SseEvent {
+            event: "error".into(),
+            data: String::from_utf8_lossy(&body.body).into_owned(),
+        }]
+    }
 }
 
 mlxhost_plugin_sdk::v2::adapter::export_adapter!(Adapter);

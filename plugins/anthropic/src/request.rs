@@ -166,6 +166,9 @@ pub fn parse(body: &[u8]) -> Result<GenerationRequest, Invalid> {
         prompt: Prompt::Messages(messages),
         sampling,
         max_tokens,
+        // Anthropic clients send large fixed `max_tokens` (Claude Code:
+        // 32000): an upper bound, not a demand the context must fit.
+        clamp_max_tokens: true,
         stop,
         stream,
         logprobs: false,

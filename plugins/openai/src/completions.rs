@@ -119,6 +119,7 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
             prompt,
             sampling,
             max_tokens: Some(max_tokens),
+            clamp_max_tokens: false,
             stop,
             stream,
             logprobs,

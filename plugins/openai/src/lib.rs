@@ -145,6 +145,15 @@ impl api::Guest for Adapter {
     fn render_error(_ctx: RequestContext, error: ApiError) -> HttpResponse {
         error_response(error)
     }
+
+    /// OpenAI's stream error: a data-only event holding `{"error": ...}`
+    /// (the SDKs raise on a chunk with an `error` key).
+    fn render_stream_error(_ctx: RequestContext, error: ApiError) -> Vec<SseEvent> {
+        vec![SseEvent {
+            event: String::new(),
+            data: String::from_utf8_lossy(&error_response(error).body).into_owned(),
+        }]
+    }
 }
 
 mlxhost_plugin_sdk::v2::adapter::export_adapter!(Adapter);

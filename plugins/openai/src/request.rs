@@ -143,6 +143,7 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
             prompt: Prompt::Messages(messages),
             sampling,
             max_tokens,
+            clamp_max_tokens: false,
             stop,
             stream,
             logprobs,
