@@ -115,8 +115,8 @@ pub fn adapter_routes(plugins: &PluginHost) -> Vec<(String, String, String)> {
             continue;
         }
         for (method, path) in &p.routes {
-            if path == "/health" || path == "/stats" {
-                tracing::debug!(adapter = %p.manifest.name, "route /health is the host's; ignored");
+            if path == "/health" || path == "/stats" || path == "/" {
+                tracing::debug!(adapter = %p.manifest.name, %path, "route is the host's; ignored");
                 continue;
             }
             if let Some((_, _, owner)) = routes.iter().find(|(m, q, _)| m == method && q == path) {
@@ -163,6 +163,8 @@ async fn serve(
     });
     let router = axum::Router::new()
         .route("/health", get(http::health))
+        // Clients probe the server's root first (Claude Code sends `HEAD /`).
+        .route("/", get(http::health))
         .route("/stats", get(http::stats))
         .fallback(http::dispatch)
         // The host enforces the limit itself (with a dialect-shaped 413).
