@@ -47,6 +47,7 @@ def tool_server(tmp_path_factory):
         "scripted",
         "hermes",
         "mistral",
+        "llama3-json",
         "think",
         "echo-v1",
     )
@@ -336,3 +337,34 @@ def test_control_tokens_reach_parsers_but_never_the_user(tool_server):
                                                stream=stream, extra_body=script, max_tokens=20, **tools)
             content = collect_stream(r)[0] if stream else r.choices[0].message.content
             assert content == "Hello world", (tools, stream, content)
+
+
+def test_numbers_beyond_f64_are_valid_json_arguments(tool_server):
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"x": 1e400}}\n</tool_call>'
+    r = ask(tool_server.client(), [{"role": "user", "content": "x"}], text, tools=[WEATHER])
+    assert r.choices[0].finish_reason == "tool_calls", r
+    assert r.choices[0].message.tool_calls[0].function.arguments == '{"x":1e400}'
+
+
+def test_parallel_false_also_cuts_calls_released_together(tool_server):
+    text = '{"name": "get_weather", "parameters": {}}; {"name": "get_time", "parameters": {}}'
+    extra = {"tool_parser": "llama3-json"}
+    r = ask(tool_server.client(), [{"role": "user", "content": "x"}], text, tools=[WEATHER, TIME],
+            parallel_tool_calls=False, extra_body=extra)
+    assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_weather"]
+    assert r.choices[0].finish_reason == "tool_calls"
+
+
+def test_control_tokens_never_reach_invalid_calls(tool_server):
+    client = tool_server.client()
+    head = '<tool_call>\n{"name": "get_weather",'
+    r = ask(client, [{"role": "user", "content": "x"}], head + "bad}", logprobs=True,
+            extra_body={"return_tokens_as_token_ids": True})
+    ids = [int(t.token.split(":")[1]) for t in r.choices[0].logprobs.content]
+    n = len(ask(client, [{"role": "user", "content": "x"}], head, logprobs=True,
+                extra_body={"return_tokens_as_token_ids": True}).choices[0].logprobs.content)
+    script = {"sampler": "scripted", "plugin_params": {"scripted": {"ids": ids[:n] + [1] + ids[n:]}}}
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], tools=[WEATHER],
+                                       extra_body=script, max_tokens=40)
+    assert "<|im_start|>" not in r.choices[0].message.content
+    assert r.choices[0].message.content.startswith(head), r.choices[0].message.content

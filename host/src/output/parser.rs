@@ -232,6 +232,14 @@ impl ParserSession {
     }
 }
 
+/// Whether `text` is one JSON object. Checked syntactically (serde's
+/// `IgnoredAny` never converts numbers), so a number beyond f64's range
+/// such as `1e400`, which is valid JSON, passes.
+fn is_json_object(text: &str) -> bool {
+    text.trim_start().starts_with('{')
+        && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
+}
+
 /// The last at most `max` bytes of `s`, starting at a character boundary.
 fn tail(s: &str, max: usize) -> &str {
     let mut start = s.len().saturating_sub(max);
@@ -277,8 +285,7 @@ impl EventChecker {
             }
             GenerationEvent::ToolCallEnd(i) => match self.calls.get_mut(*i as usize) {
                 Some((args, open @ false)) => {
-                    let parsed: Result<serde_json::Value, _> = serde_json::from_str(args);
-                    if !matches!(parsed, Ok(serde_json::Value::Object(_))) {
+                    if !is_json_object(args) {
                         return Err(format!(
                             "tool call {i} ended with arguments that are not a JSON object: {args:?}"
                         ));
@@ -351,6 +358,15 @@ mod tests {
         let mut open = EventChecker::default();
         open.event(&start(0)).expect("start");
         assert!(open.finish().unwrap_err().contains("never ended"));
+    }
+
+    #[test]
+    fn json_objects_are_checked_by_syntax_not_by_number_range() {
+        assert!(is_json_object("{\"x\": 1e400, \"y\": -1e999}"));
+        assert!(is_json_object(" {}"));
+        assert!(!is_json_object("[1]"));
+        assert!(!is_json_object("{\"x\": }"));
+        assert!(!is_json_object("{} {}"));
     }
 
     #[test]

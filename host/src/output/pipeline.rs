@@ -21,6 +21,11 @@ pub struct OutputPipeline {
     pending_ids: Vec<u32>,
     tool_calls: usize,
     invalid_calls: usize,
+    /// `parallel_tool_calls: false`: the reply ends after its first call.
+    single_call: bool,
+    /// The reply ended (after its only allowed call); later output is not
+    /// part of it.
+    ended: bool,
 }
 
 impl OutputPipeline {
@@ -38,7 +43,21 @@ impl OutputPipeline {
             pending_ids: Vec::new(),
             tool_calls: 0,
             invalid_calls: 0,
+            single_call: false,
+            ended: false,
         }
+    }
+
+    /// Ends the reply after its first complete call (`parallel_tool_calls:
+    /// false`): what follows is dropped as text after a stop string is.
+    pub fn single_call(mut self, on: bool) -> Self {
+        self.single_call = on;
+        self
+    }
+
+    /// Whether the reply already ended (the row can stop).
+    pub fn ended(&self) -> bool {
+        self.ended
     }
 
     /// A pipeline that passes text through (no parser).
@@ -75,6 +94,9 @@ impl OutputPipeline {
     ///
     /// Errors: a parser failed (trap, deadline, malformed events).
     pub fn text(&mut self, delta: &str) -> Result<Vec<GenerationEvent>, PluginError> {
+        if self.ended {
+            return Ok(Vec::new());
+        }
         let ids = std::mem::take(&mut self.pending_ids);
         let stage1 = match &mut self.reasoning {
             Some(r) => r.feed(delta, &ids)?,
@@ -87,6 +109,9 @@ impl OutputPipeline {
     ///
     /// Errors: as [`OutputPipeline::text`].
     pub fn finish(&mut self) -> Result<Vec<GenerationEvent>, PluginError> {
+        if self.ended {
+            return Ok(Vec::new());
+        }
         let ids = std::mem::take(&mut self.pending_ids);
         let stage1 = match &mut self.reasoning {
             Some(r) => r.finish()?,
@@ -118,21 +143,42 @@ impl OutputPipeline {
                 out.extend(p.finish()?);
             }
         }
+        if self.single_call {
+            if let Some(end) = out
+                .iter()
+                .position(|e| matches!(e, GenerationEvent::ToolCallEnd(_)))
+            {
+                out.truncate(end + 1);
+                self.ended = true;
+            }
+        }
         for e in &mut out {
             match e {
+                // Control tokens are hidden wherever output text lands.
                 GenerationEvent::Text(t) | GenerationEvent::Reasoning(t) => {
                     strip_all(t, &self.hidden)
+                }
+                GenerationEvent::InvalidCall(t) => {
+                    strip_all(t, &self.hidden);
+                    self.invalid_calls += 1;
+                }
+                GenerationEvent::ToolCallArgumentsDelta(d) => {
+                    strip_all(&mut d.arguments, &self.hidden)
                 }
                 // Ids are the host's: unique across requests and restarts,
                 // whatever a parser derives them from (agents key tool
                 // results by id over a whole conversation).
                 GenerationEvent::ToolCallStart(s) => s.id = fresh_call_id(),
                 GenerationEvent::ToolCallEnd(_) => self.tool_calls += 1,
-                GenerationEvent::InvalidCall(_) => self.invalid_calls += 1,
                 _ => {}
             }
         }
         out.retain(|e| !matches!(e, GenerationEvent::Text(t) | GenerationEvent::Reasoning(t) if t.is_empty()));
+        if self.ended {
+            // A call the reply no longer includes must not stay open in the
+            // parser's checks; nothing more is fed.
+            self.pending_ids.clear();
+        }
         Ok(out)
     }
 }
@@ -253,5 +299,28 @@ mod tests {
         let out = p.text("a<|eot|>b").expect("text");
         assert!(matches!(&out[..], [GenerationEvent::Text(t)] if t == "ab"));
         assert!(p.text("<|eot|>").expect("text").is_empty());
+    }
+
+    #[test]
+    fn stripping_reaches_invalid_calls_and_arguments() {
+        let hidden = vec!["<|x|>".to_string()];
+        let mut events = vec![
+            GenerationEvent::InvalidCall("a<|x|>b".into()),
+            GenerationEvent::ToolCallArgumentsDelta(ToolCallDelta {
+                index: 0,
+                arguments: "{\"c\":\"P<|x|>\"}".into(),
+            }),
+        ];
+        for e in &mut events {
+            match e {
+                GenerationEvent::InvalidCall(t) => strip_all(t, &hidden),
+                GenerationEvent::ToolCallArgumentsDelta(d) => strip_all(&mut d.arguments, &hidden),
+                _ => {}
+            }
+        }
+        assert!(matches!(&events[0], GenerationEvent::InvalidCall(t) if t == "ab"));
+        assert!(
+            matches!(&events[1], GenerationEvent::ToolCallArgumentsDelta(d) if d.arguments == "{\"c\":\"P\"}")
+        );
     }
 }

@@ -345,9 +345,8 @@ async fn run_generation(
     };
     let mut acc = Accumulator::new(frontend, prepared.logprobs);
     let mut out = Output {
-        pipeline: prepared.pipeline,
+        pipeline: prepared.pipeline.single_call(prepared.single_call),
         app: app.clone(),
-        single_call: prepared.single_call,
         ended: false,
         cancel: cancel_flag,
     };
@@ -485,8 +484,6 @@ async fn run_generation(
 struct Output {
     pipeline: OutputPipeline,
     app: Arc<AppState>,
-    /// `parallel_tool_calls: false`: end the reply after its first call.
-    single_call: bool,
     /// The reply ended here (the engine is told to stop the row; what it
     /// still sends is not output), as at a stop string.
     ended: bool,
@@ -495,31 +492,23 @@ struct Output {
 
 impl Output {
     fn text(&mut self, t: &str) -> Result<Vec<GenerationEvent>, ApiError> {
-        if self.ended {
-            return Ok(Vec::new());
-        }
-        let mut events = self.pipeline.text(t).map_err(|e| self.failed(e))?;
-        if self.single_call {
-            if let Some(end) = events
-                .iter()
-                .position(|e| matches!(e, GenerationEvent::ToolCallEnd(_)))
-            {
-                events.truncate(end + 1);
-                self.ended = true;
-                self.cancel.store(true, Ordering::Relaxed);
-            }
-        }
+        let events = self.pipeline.text(t).map_err(|e| self.failed(e))?;
+        self.stop_if_ended();
         Ok(events)
     }
 
     fn finish(&mut self) -> Result<Vec<GenerationEvent>, ApiError> {
-        if self.ended {
-            self.app.output.record(&self.pipeline);
-            return Ok(Vec::new());
-        }
         let events = self.pipeline.finish().map_err(|e| self.failed(e))?;
         self.app.output.record(&self.pipeline);
         Ok(events)
+    }
+
+    /// The reply ended early (its only allowed call): stop the row.
+    fn stop_if_ended(&mut self) {
+        if self.pipeline.ended() && !self.ended {
+            self.ended = true;
+            self.cancel.store(true, Ordering::Relaxed);
+        }
     }
 
     fn failed(&self, e: PluginError) -> ApiError {
@@ -595,7 +584,9 @@ fn finished_update(
         // so does one the pipeline ended after its only allowed call (the
         // engine reports that row as cancelled).
         _ if out.ended => WitFinish::ToolCalls,
-        FinishReason::Stop if out.pipeline.tool_calls() > 0 => WitFinish::ToolCalls,
+        FinishReason::Stop | FinishReason::Length if out.pipeline.tool_calls() > 0 => {
+            WitFinish::ToolCalls
+        }
         FinishReason::Stop => WitFinish::Stop,
         FinishReason::Length => WitFinish::Length,
         FinishReason::Cancelled => {
