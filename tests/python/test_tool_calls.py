@@ -268,6 +268,7 @@ def test_mistral_format_by_request_field(tool_server):
         ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
         ({"tools": [WEATHER], "tool_parser": "nope"}, "tool_parser"),
         ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+        ({"tools": [WEATHER], "plugin_params": {"mistral": {}}}, "plugin_params"),
     ],
 )
 def test_malformed_tool_fields_are_400_naming_the_field(tool_server, body, param):

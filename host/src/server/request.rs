@@ -246,6 +246,20 @@ pub fn prepare(
     } else {
         None
     };
+    // Parameters for a parser this request does not run are a mistake.
+    let running = |k: &str| {
+        reasoning.as_ref().is_some_and(|p| p.name() == k)
+            || tool_parser.as_ref().is_some_and(|p| p.name() == k)
+    };
+    if let Some(name) = plugin_params
+        .as_object()
+        .and_then(|m| m.keys().find(|k| is_parser(k) && !running(k)))
+    {
+        return Err(bad(
+            Some("plugin_params"),
+            format!("`plugin_params.{name}`: the `{name}` parser does not run for this request"),
+        ));
+    }
     let mut pipeline = OutputPipeline::new(
         reasoning,
         tool_parser,
