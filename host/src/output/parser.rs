@@ -15,7 +15,7 @@ use crate::plugin::bindings::v2::reasoning_parser::ReasoningParserPlugin;
 use crate::plugin::bindings::v2::tool_parser::exports::mlxhost::plugin::tool_call_parser::ParserOptions;
 use crate::plugin::bindings::v2::tool_parser::mlxhost::plugin::types as wit;
 use crate::plugin::bindings::v2::tool_parser::ToolCallParserPlugin;
-use crate::plugin::session::{failed, merged_params, trap_cause};
+use crate::plugin::session::{created_with, failed, merged_params, trap_cause};
 use crate::plugin::tensors::PluginState;
 use crate::plugin::{Kind, PluginError, PluginHost};
 
@@ -42,12 +42,7 @@ fn created<T>(
     name: &str,
     result: wasmtime::Result<Result<T, wit::PluginError>>,
 ) -> Result<T, PluginError> {
-    result
-        .map_err(|e| failed(name, trap_cause(&e)))?
-        .map_err(|e| PluginError::Rejected {
-            plugin: name.to_string(),
-            cause: e.message,
-        })
+    created_with(name, result, |e| e.message)
 }
 
 impl ParserSession {

@@ -190,11 +190,20 @@ fn created<T>(
     name: &str,
     result: wasmtime::Result<Result<T, wit::PluginError>>,
 ) -> Result<T, PluginError> {
+    created_with(name, result, |e| e.message)
+}
+
+/// [`created`] for any WIT version's plugin error (`message` gives its text).
+pub(crate) fn created_with<T, E>(
+    name: &str,
+    result: wasmtime::Result<Result<T, E>>,
+    message: impl FnOnce(E) -> String,
+) -> Result<T, PluginError> {
     result
         .map_err(|e| failed(name, trap_cause(&e)))?
         .map_err(|e| PluginError::Rejected {
             plugin: name.to_string(),
-            cause: e.message,
+            cause: message(e),
         })
 }
 
@@ -334,60 +343,39 @@ impl RowChain {
     }
 }
 
-/// A borrowed chain (benchmarks keep theirs to read it afterwards).
-impl<T: TokenChain + ?Sized> TokenChain for &mut T {
-    fn step(
-        &mut self,
-        logits: Array,
-        ids: &[u32],
-        prompt_len: usize,
-        step: u32,
-    ) -> Result<StepOutput, PluginError> {
-        (**self).step(logits, ids, prompt_len, step)
-    }
-    fn accept(
-        &mut self,
-        token: u32,
-        raw_logprob: f32,
-        sampled_logprob: f32,
-    ) -> Result<(), PluginError> {
-        (**self).accept(token, raw_logprob, sampled_logprob)
-    }
-    fn sampler_name(&self) -> &str {
-        (**self).sampler_name()
-    }
-    fn chain_time(&self) -> Duration {
-        (**self).chain_time()
-    }
+/// Forwards [`TokenChain`] through a pointer type: a borrowed chain
+/// (benchmarks keep theirs to read it afterwards) and a boxed one (the
+/// engine wraps a row's chain in host constraints).
+macro_rules! forward_token_chain {
+    ($($ptr:ty),*) => {$(
+        impl<T: TokenChain + ?Sized> TokenChain for $ptr {
+            fn step(
+                &mut self,
+                logits: Array,
+                ids: &[u32],
+                prompt_len: usize,
+                step: u32,
+            ) -> Result<StepOutput, PluginError> {
+                (**self).step(logits, ids, prompt_len, step)
+            }
+            fn accept(
+                &mut self,
+                token: u32,
+                raw_logprob: f32,
+                sampled_logprob: f32,
+            ) -> Result<(), PluginError> {
+                (**self).accept(token, raw_logprob, sampled_logprob)
+            }
+            fn sampler_name(&self) -> &str {
+                (**self).sampler_name()
+            }
+            fn chain_time(&self) -> Duration {
+                (**self).chain_time()
+            }
+        }
+    )*};
 }
-
-/// An owned chain behind a box (the engine wraps a row's chain in host
-/// constraints).
-impl<T: TokenChain + ?Sized> TokenChain for Box<T> {
-    fn step(
-        &mut self,
-        logits: Array,
-        ids: &[u32],
-        prompt_len: usize,
-        step: u32,
-    ) -> Result<StepOutput, PluginError> {
-        (**self).step(logits, ids, prompt_len, step)
-    }
-    fn accept(
-        &mut self,
-        token: u32,
-        raw_logprob: f32,
-        sampled_logprob: f32,
-    ) -> Result<(), PluginError> {
-        (**self).accept(token, raw_logprob, sampled_logprob)
-    }
-    fn sampler_name(&self) -> &str {
-        (**self).sampler_name()
-    }
-    fn chain_time(&self) -> Duration {
-        (**self).chain_time()
-    }
-}
+forward_token_chain!(&mut T, Box<T>);
 
 impl TokenChain for RowChain {
     /// Runs the processors then the sampler on `logits` (`[V]`, float32,
