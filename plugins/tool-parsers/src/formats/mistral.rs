@@ -57,6 +57,10 @@ impl Mistral<'_> {
         let Some(spans) = elements(text, p, end) else {
             return self.failed(text, m, partial);
         };
+        if spans.is_empty() {
+            // `[TOOL_CALLS][]`: no call, but its text is not dropped.
+            return Attempt::Invalid(end);
+        }
         let items = spans
             .into_iter()
             .map(|(a, b)| match json::call_from_text(&text[a..b]) {
@@ -109,8 +113,9 @@ impl Mistral<'_> {
     }
 }
 
-/// The spans of the elements of the (bracket-balanced) array `p..end`, when
-/// every element is an object or array; `None` otherwise.
+/// The spans of the elements of the (bracket-balanced) array `p..end`
+/// (objects, arrays, or scalars such as `5`, `"x"`, `null`); `None` when
+/// the array is not a comma-separated list of them.
 fn elements(text: &str, p: usize, end: usize) -> Option<Vec<(usize, usize)>> {
     let mut spans = Vec::new();
     let mut q = skip_ws(text, p + 1);
@@ -118,8 +123,12 @@ fn elements(text: &str, p: usize, end: usize) -> Option<Vec<(usize, usize)>> {
         return Some(spans);
     }
     loop {
-        let Scan::Complete(e) = json::scan(&text[..end], q) else {
-            return None;
+        let e = match text.as_bytes().get(q) {
+            Some(b'{' | b'[') => match json::scan(&text[..end], q) {
+                Scan::Complete(e) => e,
+                _ => return None,
+            },
+            _ => scalar_end(&text[..end], q)?,
         };
         spans.push((q, e));
         q = skip_ws(text, e);
@@ -129,4 +138,27 @@ fn elements(text: &str, p: usize, end: usize) -> Option<Vec<(usize, usize)>> {
             _ => return None,
         }
     }
+}
+
+/// The end of the JSON scalar at `q` (a string, or a run of number/literal
+/// chars); `None` when there is none.
+fn scalar_end(text: &str, q: usize) -> Option<usize> {
+    let b = text.as_bytes();
+    if b.get(q) == Some(&b'"') {
+        let mut escaped = false;
+        for (i, &c) in b.iter().enumerate().skip(q + 1) {
+            if escaped {
+                escaped = false;
+            } else if c == b'\\' {
+                escaped = true;
+            } else if c == b'"' {
+                return Some(i + 1);
+            }
+        }
+        return None;
+    }
+    let len = text[q..]
+        .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '+' | '.')))
+        .unwrap_or(text.len() - q);
+    (len > 0).then_some(q + len)
 }

@@ -2,7 +2,8 @@
 //! `[f(a=1, b="x"), g()]` with Python literal arguments, either as the whole
 //! output (bare; every call must name a declared tool, else it is text) or
 //! wrapped in `<|python_start|>...<|python_end|>` (Llama 4), where text may
-//! come before it and an undeclared name is an invalid call. Inside the
+//! come before it and an undeclared name makes the whole wrapped block
+//! (wrapper included) an invalid call with its original text. Inside the
 //! wrapper a single call without brackets is accepted too.
 
 use super::{failed_block, Attempt, Bare, Item, Tagged};
@@ -86,20 +87,20 @@ impl Tagged for PythonStart<'_> {
         } else {
             end
         };
-        let items = calls.into_iter().map(|c| self.item(c)).collect();
+        // As for bare outputs, the block is decided as a whole: one
+        // undeclared name makes the whole wrapped block (wrapper and
+        // brackets included) one invalid call with its original text.
+        if calls.iter().any(|c| !self.tools.allows(&c.name)) {
+            return Attempt::Invalid(block_end);
+        }
+        let items = calls.into_iter().map(item).collect();
         Attempt::Parsed(items, block_end)
     }
 }
 
-impl PythonStart<'_> {
-    fn item(&self, c: PyCall) -> Item {
-        if self.tools.allows(&c.name) {
-            Item::Call {
-                name: c.name,
-                arguments: json::ordered_object(c.args),
-            }
-        } else {
-            Item::Invalid(c.start, c.end)
-        }
+fn item(c: PyCall) -> Item {
+    Item::Call {
+        name: c.name,
+        arguments: json::ordered_object(c.args),
     }
 }
