@@ -2,7 +2,8 @@
 # Runs the real Claude Code CLI (@anthropic-ai/claude-code from npm) against mlxhost, with
 # the test-only `scripted` sampler standing in for a model that could act as an agent.
 # See tests/agents/README.md. Usage: tests/agents/claude_code.sh   (from anywhere)
-# Env: MLXHOST_BIN (default target/debug/mlxhost), CLAUDE_CODE_PREFIX (install cache,
+# Env: MLXHOST_BIN (default target/debug/mlxhost), CLAUDE_CODE_VERSION (2.1.197, the version
+# the results in the README were seen with), CLAUDE_CODE_PREFIX (install cache,
 # default ~/.cache/mlxhost/agents/claude-code), CC_FULL=1 also runs full (non --bare) mode
 # (slow on a debug build: ~3k prompt tokens), KEEP=1 keeps the temp dir.
 set -uo pipefail
@@ -15,7 +16,7 @@ PY=${PYTHON:-python3}
 # --- install (cached) -------------------------------------------------------------------
 if ! "$CLAUDE" --version >/dev/null 2>&1; then
   echo "installing @anthropic-ai/claude-code under $PREFIX" >&2
-  npm i -g --prefix "$PREFIX" @anthropic-ai/claude-code >&2 || { echo "npm install failed" >&2; exit 2; }
+  npm i -g --prefix "$PREFIX" "@anthropic-ai/claude-code@${CLAUDE_CODE_VERSION:-2.1.197}" >&2 || { echo "npm install failed" >&2; exit 2; }
 fi
 VERSION=$("$CLAUDE" --version 2>/dev/null)
 [ -x "$MLXHOST" ] || { echo "no mlxhost binary at $MLXHOST (cargo build first)" >&2; exit 2; }
