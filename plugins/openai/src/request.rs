@@ -609,21 +609,7 @@ fn parse_tool_call(call: &Value, param: &str) -> Result<ToolCall, Invalid> {
             ))
         }
     }
-    let function = match call.get("function") {
-        Some(Value::Object(f)) => f,
-        Some(_) => {
-            return Err(invalid(
-                &at("function"),
-                format!("`{}` must be an object", at("function")),
-            ))
-        }
-        None => {
-            return Err(invalid(
-                &at("function"),
-                format!("`{}` is required", at("function")),
-            ))
-        }
-    };
+    let function = function_object(call.get("function"), &at("function"))?;
     let name = match function.get("name") {
         Some(Value::String(n)) => n.clone(),
         _ => {
@@ -722,21 +708,7 @@ fn parse_tools(value: Option<&Value>) -> Result<Vec<ToolDefinition>, Invalid> {
                     ))
                 }
             }
-            let function = match t.get("function") {
-                Some(Value::Object(f)) => f,
-                Some(_) => {
-                    return Err(invalid(
-                        &at("function"),
-                        format!("`{}` must be an object", at("function")),
-                    ))
-                }
-                None => {
-                    return Err(invalid(
-                        &at("function"),
-                        format!("`{}` is required", at("function")),
-                    ))
-                }
-            };
+            let function = function_object(t.get("function"), &at("function"))?;
             let p = at("function.name");
             let name = match function.get("name") {
                 Some(Value::String(n)) => n,
@@ -850,5 +822,17 @@ fn parse_response_format(value: Option<&Value>) -> Result<(), Invalid> {
             _ => Err(invalid(P, "`response_format.type` must be a string")),
         },
         Some(_) => Err(invalid(P, "`response_format` must be an object")),
+    }
+}
+
+/// The `function` object of a tool or a tool call; `param` names it in errors.
+fn function_object<'a>(
+    value: Option<&'a Value>,
+    param: &str,
+) -> Result<&'a Map<String, Value>, Invalid> {
+    match value {
+        Some(Value::Object(f)) => Ok(f),
+        Some(_) => Err(invalid(param, format!("`{param}` must be an object"))),
+        None => Err(invalid(param, format!("`{param}` is required"))),
     }
 }
