@@ -9,7 +9,8 @@
 // products on mlxhost's quantized kernel and thread pool (cpu_kernels.h):
 //
 //   x = rms_norm(h) * input_norm
-//   q, k, v = split(x @ Wqkv^T)              (fused q/k/v projection)
+//   q, k, v = split(x @ Wqkv^T + b_qkv)      (fused q/k/v projection; the
+//                                            bias is zero for Llama, Qwen2's own)
 //   q, k = rope(q, k) at each row's position (half-split, base theta)
 //   K[pos], V[pos] = k, v                    (the row's cache, in place)
 //   a = softmax(q K^T / sqrt(D)) V           (grouped-query heads)
@@ -26,7 +27,8 @@
 //
 // Inputs:  h [R, E] float32; input_norm, post_norm [E] float32; then for
 //          qkv, o, gate_up, down: w [N, K * bits / 32] uint32, scales and
-//          biases [N, K / group] float32; then K_0, V_0, ..., K_{R-1},
+//          biases [N, K / group] float32; then the q/k/v bias [q + 2 kv]
+//          float32; then K_0, V_0, ..., K_{R-1},
 //          V_{R-1}: [1, H_kv, cap_r, D] float32 (row-contiguous, cap_r > pos_r).
 // Outputs: h' [R, E] float32, then K'_0, V'_0, ...: the cache buffers.
 // CPU only: on a GPU stream the host never builds this op (eval_gpu throws).
@@ -139,6 +141,10 @@ void run(
   for (int r = 0; r < R; r++)
     rms_norm(h + size_t(r) * E, in[1].data<float>(), sh.eps, E, x.data() + size_t(r) * E);
   mlxhost_cpu::compute(problem(in, 3, x.data(), qkv.data(), R, sh.bits[0], sh.group[0]), sh.variant[0]);
+  const float* qkv_bias = in[15].data<float>();
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < qkv_n; j++)
+      qkv[size_t(r) * qkv_n + j] += qkv_bias[j];
 
   // RoPE, the cache write and attention, one task per (row, KV head).
   mlxhost_cpu::parallel_for(R * Hkv, [&](int task) {
@@ -213,7 +219,7 @@ class DecodeLayer : public mx::Primitive {
     }
     outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
     for (size_t i = 1; i < outputs.size(); i++)
-      outputs[i].copy_shared_buffer(inputs[i + 14]);
+      outputs[i].copy_shared_buffer(inputs[i + 15]);
     auto& enc = mx::cpu::get_command_encoder(stream());
     for (const auto& a : inputs)
       enc.set_input_array(a);
@@ -244,8 +250,8 @@ void require(bool ok, const char* what) {
 
 } // namespace
 
-// Builds the op (lazily). `weights`: 14 arrays (input_norm, post_norm, then
-// w/scales/biases of qkv, o, gate_up, down); `bits`, `groups`: 4 each (qkv,
+// Builds the op (lazily). `weights`: 15 arrays (input_norm, post_norm, then
+// w/scales/biases of qkv, o, gate_up, down, then the q/k/v bias); `bits`, `groups`: 4 each (qkv,
 // o, gate_up, down). `h_out` gets [R, E]; `new_keys[r]` / `new_values[r]`
 // get row r's cache buffers after the write. Returns 0, or 1 with the error
 // reported through mlx-c's error handler.
@@ -278,7 +284,7 @@ extern "C" int mlxhost_decode_layer(
     for (int l = 0; l < 4; l++)
       sh.variant[l] = variant;
     std::vector<mx::array> inputs = {ha};
-    for (int i = 0; i < 14; i++)
+    for (int i = 0; i < 15; i++)
       inputs.push_back(mlx_array_get_(weights[i]));
     require(inputs[1].size() == size_t(E) && inputs[2].size() == size_t(E),
             "decode layer: norms must be [E]");
@@ -305,6 +311,9 @@ extern "C" int mlxhost_decode_layer(
       sh.bits[l] = bits[l];
       sh.group[l] = groups[l];
     }
+    require(inputs[15].dtype() == mx::float32 && inputs[15].ndim() == 1 &&
+                inputs[15].shape(0) == out_rows[0],
+            "decode layer: the q/k/v bias must be [q + 2 kv] float32");
     std::vector<mx::Shape> shapes = {ha.shape()};
     std::vector<mx::Dtype> dtypes = {mx::float32};
     std::vector<int> pos(positions, positions + rows);

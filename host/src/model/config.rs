@@ -16,11 +16,14 @@ pub struct QuantSpec {
     pub bits: i32,
 }
 
+/// Architectures (`model_type` / GGUF `general.architecture`) this build runs.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "qwen2"];
+
 /// Hyper-parameters of a Llama-family decoder (the fields mlx-lm's
-/// `models/llama.py` `ModelArgs` reads).
+/// `models/llama.py` and `models/qwen2.py` `ModelArgs` read).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
-    /// Architecture family; only `llama` is implemented.
+    /// Architecture: one of [`SUPPORTED_MODEL_TYPES`].
     pub model_type: String,
     /// Residual stream width.
     pub hidden_size: usize,
@@ -98,10 +101,11 @@ impl ModelConfig {
 
     /// Checks the shape parameters are consistent; the message names the field.
     pub fn validate(&self) -> Result<(), String> {
-        if self.model_type != "llama" {
+        if !SUPPORTED_MODEL_TYPES.contains(&self.model_type.as_str()) {
             return Err(format!(
-                "unsupported model_type `{}` (supported: llama)",
-                self.model_type
+                "unsupported model_type `{}` (supported: {})",
+                self.model_type,
+                SUPPORTED_MODEL_TYPES.join(", ")
             ));
         }
         for (name, v) in [

@@ -50,7 +50,7 @@ pub fn convert_gguf(gguf: &Path, out_dir: &Path, progress: bool) -> Result<Conve
     let g = Gguf::open(gguf)?;
     let mut config = g.config()?;
     let tokenizer = g.tokenizer()?;
-    let tensors = g.tensors(&config)?;
+    let tensors = g.tensors(&config, false)?;
 
     let bar = if progress {
         ProgressBar::new(tensors.len() as u64)
@@ -152,7 +152,11 @@ fn write_all(
     let mut cfg = serde_json::to_value(config).map_err(|e| ModelError::invalid(&config_path, e))?;
     // mlx-lm reads `quantization`; transformers-style tools read `quantization_config`.
     cfg["quantization_config"] = cfg["quantization"].clone();
-    cfg["architectures"] = serde_json::json!(["LlamaForCausalLM"]);
+    let architecture = match config.model_type.as_str() {
+        "qwen2" => "Qwen2ForCausalLM",
+        _ => "LlamaForCausalLM",
+    };
+    cfg["architectures"] = serde_json::json!([architecture]);
     write_json(&config_path, &cfg).map_err(io(config_path.clone()))?;
     tokenizer.save(&dir.join("tokenizer.json"))?;
     let eos_ids = g.eos_ids()?;

@@ -44,7 +44,8 @@ pub fn enabled() -> bool {
 #[derive(Debug, Clone)]
 pub struct FusedLayer {
     /// input norm, post-attention norm, then weight/scales/biases of qkv,
-    /// o, gate_up, down (14 arrays).
+    /// o, gate_up, down, then the q/k/v bias (zeros when the layer has
+    /// none): 15 arrays.
     tensors: Vec<Array>,
     bits: [i32; 4],
     groups: [i32; 4],
@@ -94,6 +95,13 @@ impl FusedLayer {
             groups[i] = group_size;
             tensors.extend([weight.clone(), scales.clone(), biases.clone()]);
         }
+        let qkv_width = linears[0].out_features();
+        let bias = match &layer.qkv_bias {
+            Some(b) if b.dtype() == Dtype::Float32 && b.shape() == [qkv_width] => b.clone(),
+            Some(_) => return None,
+            None => Array::zeros::<f32>(&[qkv_width]).ok()?,
+        };
+        tensors.push(bias);
         Some(FusedLayer {
             tensors,
             bits,

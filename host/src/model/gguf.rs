@@ -1,23 +1,44 @@
-//! GGUF checkpoints: header validation, config and tokenizer from metadata,
-//! tensors through MLX's GGUF reader (`mx.load`), renamed to MLX naming.
+//! GGUF checkpoints: config and tokenizer from metadata, tensors decoded
+//! from ggml's block formats into MLX arrays in MLX naming.
 //!
-//! Format: ggml `docs/gguf.md` (version 2 and 3). MLX returns Q4_0/Q4_1/Q8_0
-//! tensors as MLX affine quantization (group 32) and F16/F32 as dense; it
-//! cannot read K-quants.
+//! Format: ggml `docs/gguf.md` (versions 2 and 3), parsed by
+//! [`super::gguf_file`]; block formats by the `ggml-quants` crate. A 2-D
+//! quantized tensor becomes MLX affine quantization (groups of 32): 4 bits
+//! for Q4_0/Q4_1/Q4_K, 8 bits for Q5_0/Q5_1/Q5_K/Q8_0 (all exact), and for
+//! the group-16 K-quants (Q2_K, Q3_K, Q6_K) 8 bits requantized, or, on the
+//! float32 compute path, float32 values decoded exactly. F16/BF16/F32 stay
+//! dense.
 
-use std::io::Read;
 use std::path::Path;
 
-use mlx_rs::io::{GgufFile, GgufMetadataValue};
+use ggml_quants::GgmlType;
+use indicatif::{ProgressBar, ProgressStyle};
 use mlx_rs::Array;
 
-use super::config::ModelConfig;
+use super::config::{ModelConfig, SUPPORTED_MODEL_TYPES};
 use super::error::{ModelError, Result};
+use super::gguf_file::{GgufFile, MetaValue, TensorInfo};
 use super::tokenizer::TextTokenizer;
 use super::weights::{gguf_to_mlx_name, unpermute_rope_rows, TensorMap};
 
 /// Architectures this build can run from GGUF.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = SUPPORTED_MODEL_TYPES;
+
+/// Control-token texts that end a turn, as llama.cpp's vocabulary loader
+/// collects them (`llama-vocab.cpp`, `special_eog_ids`) beside the declared
+/// EOS: a Qwen2 model ends on `<|im_end|>` and on `<|endoftext|>`.
+const END_OF_GENERATION_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+];
+
+/// GGUF token types (llama.cpp `llama_token_type`).
+const TOKEN_TYPE_CONTROL: i64 = 3;
 
 /// An opened GGUF checkpoint.
 pub struct Gguf {
@@ -27,17 +48,17 @@ pub struct Gguf {
 }
 
 impl Gguf {
-    /// Opens `path`, checking magic, version and that the file is not
-    /// truncated before handing it to MLX. Errors name the file.
+    /// Opens `path` and checks its header and architecture. Errors name
+    /// the file (and the tensor, for an unknown tensor type or truncated
+    /// data).
     pub fn open(path: &Path) -> Result<Self> {
         if !path.is_file() {
             return Err(ModelError::MissingFile(path.into()));
         }
-        check_header(path)?;
-        let file = GgufFile::load(path).map_err(|e| ModelError::invalid(path, e))?;
-        let arch = match file.get_metadata_string("general.architecture") {
-            Ok(Some(a)) => a,
-            _ => return Err(ModelError::invalid(path, "missing `general.architecture`")),
+        let file = GgufFile::open(path)?;
+        let arch = match file.get("general.architecture").and_then(MetaValue::as_str) {
+            Some(a) => a.to_string(),
+            None => return Err(ModelError::invalid(path, "missing `general.architecture`")),
         };
         if !SUPPORTED_ARCHITECTURES.contains(&arch.as_str()) {
             return Err(ModelError::UnsupportedArchitecture {
@@ -53,35 +74,23 @@ impl Gguf {
     }
 
     fn meta_u64(&self, key: &str) -> Result<Option<u64>> {
-        match self.file.get_metadata(key) {
-            Ok(Some(GgufMetadataValue::Array(a))) => {
-                let a = a.as_dtype(mlx_rs::Dtype::Float64)?;
-                Ok(Some(a.try_item_cast::<f64>().map_err(|e| {
-                    ModelError::invalid(&self.path, format!("metadata `{key}`: {e}"))
-                })? as u64))
-            }
-            Ok(_) => Ok(None),
-            Err(e) => Err(ModelError::invalid(
-                &self.path,
-                format!("metadata `{key}`: {e}"),
-            )),
+        match self.file.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+                ModelError::invalid(
+                    &self.path,
+                    format!("metadata `{key}` is not an unsigned integer"),
+                )
+            }),
         }
     }
 
     fn meta_f32(&self, key: &str) -> Result<Option<f32>> {
-        match self.file.get_metadata(key) {
-            Ok(Some(GgufMetadataValue::Array(a))) => Ok(Some(
-                a.as_dtype(mlx_rs::Dtype::Float32)?
-                    .try_item_cast::<f32>()
-                    .map_err(|e| {
-                        ModelError::invalid(&self.path, format!("metadata `{key}`: {e}"))
-                    })?,
-            )),
-            Ok(_) => Ok(None),
-            Err(e) => Err(ModelError::invalid(
-                &self.path,
-                format!("metadata `{key}`: {e}"),
-            )),
+        match self.file.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| {
+                ModelError::invalid(&self.path, format!("metadata `{key}` is not a number"))
+            }),
         }
     }
 
@@ -90,23 +99,69 @@ impl Gguf {
             .ok_or_else(|| ModelError::invalid(&self.path, format!("missing metadata `{key}`")))
     }
 
+    fn strings(&self, key: &str) -> Result<Vec<String>> {
+        let bad = || {
+            ModelError::invalid(
+                &self.path,
+                format!("metadata `{key}` is not a string array"),
+            )
+        };
+        match self.file.get(key) {
+            Some(MetaValue::Array(items)) => items
+                .iter()
+                .map(|v| v.as_str().map(String::from).ok_or_else(bad))
+                .collect(),
+            Some(_) => Err(bad()),
+            None => Err(ModelError::invalid(
+                &self.path,
+                format!("missing metadata `{key}`"),
+            )),
+        }
+    }
+
+    fn token_types(&self, n_tokens: usize) -> Result<Vec<i64>> {
+        let key = "tokenizer.ggml.token_type";
+        let types: Vec<i64> = match self.file.get(key) {
+            Some(MetaValue::Array(items)) => items
+                .iter()
+                .map(|v| match *v {
+                    MetaValue::Int(i) => Some(i),
+                    MetaValue::Uint(u) => i64::try_from(u).ok(),
+                    _ => None,
+                })
+                .collect::<Option<_>>()
+                .ok_or_else(|| {
+                    ModelError::invalid(
+                        &self.path,
+                        format!("metadata `{key}` is not an integer array"),
+                    )
+                })?,
+            _ => vec![1; n_tokens],
+        };
+        if types.len() != n_tokens {
+            return Err(ModelError::invalid(
+                &self.path,
+                format!("`{key}` has {} entries for {n_tokens} tokens", types.len()),
+            ));
+        }
+        Ok(types)
+    }
+
     /// Hyper-parameters from `<arch>.*` metadata, in config.json spelling.
     pub fn config(&self) -> Result<ModelConfig> {
         let a = &self.arch;
         let hidden = self.required(&format!("{a}.embedding_length"))? as usize;
         let heads = self.required(&format!("{a}.attention.head_count"))? as usize;
-        let tokens_len = self
-            .file
-            .get_metadata_strings("tokenizer.ggml.tokens")
-            .ok()
-            .flatten()
-            .map(|t| t.len());
+        let tokens_len = match self.file.get("tokenizer.ggml.tokens") {
+            Some(MetaValue::Array(t)) => Some(t.len()),
+            _ => None,
+        };
         let vocab = match self.meta_u64(&format!("{a}.vocab_size"))? {
             Some(v) => v as usize,
             None => tokens_len.ok_or_else(|| ModelError::invalid(&self.path, "no vocab size"))?,
         };
-        let has_output = matches!(self.file.get_array("output.weight"), Ok(Some(_)));
-        if matches!(self.file.get_array("rope_freqs.weight"), Ok(Some(_))) {
+        let has_output = self.file.tensor("output.weight").is_some();
+        if self.file.tensor("rope_freqs.weight").is_some() {
             return Err(ModelError::invalid(
                 &self.path,
                 "scaled RoPE (`rope_freqs`, Llama 3.1+) is not supported yet",
@@ -152,7 +207,9 @@ impl Gguf {
         Ok(config)
     }
 
-    /// Every EOS-like id the metadata declares (`eos`, `eot`, `eom`).
+    /// Every id that ends generation: the declared `eos`, `eot` and `eom`
+    /// ids, then control tokens whose text ends a turn
+    /// ([`END_OF_GENERATION_TEXTS`]), as llama.cpp collects them.
     pub fn eos_ids(&self) -> Result<Vec<u32>> {
         let mut ids = Vec::new();
         for key in [
@@ -166,17 +223,28 @@ impl Gguf {
                 }
             }
         }
+        if let Ok(tokens) = self.strings("tokenizer.ggml.tokens") {
+            let types = self.token_types(tokens.len())?;
+            for (id, (text, ty)) in tokens.iter().zip(types).enumerate() {
+                if ty == TOKEN_TYPE_CONTROL
+                    && END_OF_GENERATION_TEXTS.contains(&text.as_str())
+                    && !ids.contains(&(id as u32))
+                {
+                    ids.push(id as u32);
+                }
+            }
+        }
         Ok(ids)
     }
 
-    /// The tokenizer rebuilt from `tokenizer.ggml.*` (byte-level BPE only).
+    /// The tokenizer rebuilt from `tokenizer.ggml.*` (byte-level BPE, with
+    /// the pre-tokenizer `tokenizer.ggml.pre` names).
     pub fn tokenizer(&self) -> Result<TextTokenizer> {
         let model = self
             .file
-            .get_metadata_string("tokenizer.ggml.model")
-            .ok()
-            .flatten();
-        if model.as_deref() != Some("gpt2") {
+            .get("tokenizer.ggml.model")
+            .and_then(MetaValue::as_str);
+        if model != Some("gpt2") {
             return Err(ModelError::invalid(
                 &self.path,
                 format!(
@@ -184,238 +252,169 @@ impl Gguf {
                 ),
             ));
         }
-        let strings = |key: &str| -> Result<Vec<String>> {
-            self.file
-                .get_metadata_strings(key)
-                .ok()
-                .flatten()
-                .ok_or_else(|| ModelError::invalid(&self.path, format!("missing metadata `{key}`")))
-        };
-        let tokens = strings("tokenizer.ggml.tokens")?;
-        let merges = strings("tokenizer.ggml.merges")?;
-        let types: Vec<i32> = match self.file.get_metadata("tokenizer.ggml.token_type") {
-            Ok(Some(GgufMetadataValue::Array(a))) => a
-                .as_dtype(mlx_rs::Dtype::Int32)?
-                .try_as_slice::<i32>()
-                .map(|s| s.to_vec())
-                .unwrap_or_default(),
-            _ => vec![1; tokens.len()],
-        };
-        if types.len() != tokens.len() {
-            return Err(ModelError::invalid(
-                &self.path,
-                format!(
-                    "`tokenizer.ggml.token_type` has {} entries for {} tokens",
-                    types.len(),
-                    tokens.len()
-                ),
-            ));
-        }
-        TextTokenizer::from_gguf_bpe(&tokens, &merges, &types)
+        let tokens = self.strings("tokenizer.ggml.tokens")?;
+        let merges = self.strings("tokenizer.ggml.merges")?;
+        let types = self.token_types(tokens.len())?;
+        let pre = self
+            .file
+            .get("tokenizer.ggml.pre")
+            .and_then(MetaValue::as_str)
+            .unwrap_or("default");
+        TextTokenizer::from_gguf_bpe(&tokens, &merges, &types, pre)
+            .map_err(|e| ModelError::invalid(&self.path, e))
     }
 
     /// `tokenizer.chat_template`, if present.
     pub fn chat_template(&self) -> Option<String> {
         self.file
-            .get_metadata_string("tokenizer.chat_template")
-            .ok()
-            .flatten()
+            .get("tokenizer.chat_template")
+            .and_then(MetaValue::as_str)
+            .map(String::from)
     }
 
-    /// All tensors, renamed to MLX naming, q/k rows un-permuted for half-split
-    /// RoPE.
-    pub fn tensors(&self, config: &ModelConfig) -> Result<TensorMap> {
-        let mut map = TensorMap::new();
-        let raw = self
+    /// Whether any 2-D tensor is stored quantized.
+    pub fn has_quantized_tensors(&self) -> bool {
+        self.file.tensors.iter().any(|t| {
+            t.dims.len() == 2 && GgmlType::from_id(t.type_id).is_some_and(|ty| !ty.is_float())
+        })
+    }
+
+    /// All tensors the architecture uses, decoded and renamed to MLX
+    /// naming (llama's q/k rows un-permuted for half-split RoPE).
+    /// `exact_float32`: decode the group-16 K-quants to float32 (the
+    /// float32 compute path) instead of requantizing them to 8 bits.
+    /// Shows a progress bar on a terminal.
+    ///
+    /// Errors name the file and the tensor.
+    pub fn tensors(&self, config: &ModelConfig, exact_float32: bool) -> Result<TensorMap> {
+        let used: Vec<(&TensorInfo, String)> = self
             .file
-            .arrays()
-            .map_err(|e| ModelError::invalid(&self.path, e))?;
-        for (name, array) in raw {
-            let Some(mlx_name) = gguf_to_mlx_name(&name) else {
-                continue;
-            };
-            let array = if mlx_name.contains(".self_attn.q_proj.") {
-                unpermute_rope_rows(&array, config.num_attention_heads)?
-            } else if mlx_name.contains(".self_attn.k_proj.") {
-                unpermute_rope_rows(&array, config.num_key_value_heads)?
+            .tensors
+            .iter()
+            .filter_map(|t| gguf_to_mlx_name(&t.name).map(|n| (t, n)))
+            .collect();
+        let total: u64 = used.iter().map(|(t, _)| t.elems()).sum();
+        let bar = ProgressBar::new(total);
+        bar.set_style(
+            ProgressStyle::with_template("loading    [{bar:40}] {percent}% {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        let mut map = TensorMap::new();
+        for (info, mlx_name) in used {
+            bar.set_message(info.name.clone());
+            let arrays = self.decode(info, exact_float32).map_err(|e| {
+                ModelError::invalid(&self.path, format!("tensor `{}`: {e}", info.name))
+            })?;
+            let base = mlx_name.strip_suffix(".weight").map(String::from);
+            let rope_heads = if self.arch == "llama" && mlx_name.contains(".self_attn.q_proj.") {
+                Some(config.num_attention_heads)
+            } else if self.arch == "llama" && mlx_name.contains(".self_attn.k_proj.") {
+                Some(config.num_key_value_heads)
             } else {
-                array
+                None
             };
-            map.insert(mlx_name, array);
+            for (suffix, array) in arrays {
+                let array = match rope_heads {
+                    Some(n) => unpermute_rope_rows(&array, n)?,
+                    None => array,
+                };
+                let name = match (suffix, &base) {
+                    ("weight", _) | (_, None) => mlx_name.clone(),
+                    (s, Some(b)) => format!("{b}.{s}"),
+                };
+                map.insert(name, array);
+            }
+            bar.inc(info.elems());
         }
+        bar.finish_and_clear();
         Ok(map)
+    }
+
+    /// One tensor as MLX arrays: `[("weight", dense)]`, or
+    /// `[("weight", packed), ("scales", ..), ("biases", ..)]`.
+    fn decode(
+        &self,
+        info: &TensorInfo,
+        exact_float32: bool,
+    ) -> std::result::Result<Vec<(&'static str, Array)>, String> {
+        let ty = GgmlType::from_id(info.type_id).ok_or_else(|| {
+            format!(
+                "ggml type {} is not supported",
+                GgmlType::name_of_id(info.type_id)
+            )
+        })?;
+        let data = self.file.data(info);
+        let shape: Vec<i32> = info
+            .dims
+            .iter()
+            .rev()
+            .map(|&d| i32::try_from(d).map_err(|_| format!("dimension {d} is too large")))
+            .collect::<std::result::Result<_, _>>()?;
+        let elems = info.elems() as usize;
+        let err = |e: ggml_quants::Error| e.to_string();
+        let dense = |values: Vec<f32>| Array::from_slice(&values, &shape);
+        if ty.is_float() || shape.len() != 2 {
+            let a = match ty {
+                GgmlType::F16 => {
+                    let n = ty.bytes_for(elems).map_err(err)?;
+                    let v: Vec<half::f16> = data[..n]
+                        .chunks_exact(2)
+                        .map(|b| half::f16::from_le_bytes([b[0], b[1]]))
+                        .collect();
+                    Array::from_slice(&v, &shape)
+                }
+                GgmlType::BF16 => {
+                    let n = ty.bytes_for(elems).map_err(err)?;
+                    let v: Vec<half::bf16> = data[..n]
+                        .chunks_exact(2)
+                        .map(|b| half::bf16::from_le_bytes([b[0], b[1]]))
+                        .collect();
+                    Array::from_slice(&v, &shape)
+                }
+                _ => dense(ggml_quants::dequantize(ty, data, elems).map_err(err)?),
+            };
+            return Ok(vec![("weight", a)]);
+        }
+        let group16 = matches!(ty, GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q6K);
+        if group16 && exact_float32 {
+            let values = ggml_quants::dequantize(ty, data, elems).map_err(err)?;
+            return Ok(vec![("weight", dense(values))]);
+        }
+        let (rows, cols) = (shape[0], shape[1]);
+        let m = ggml_quants::to_mlx_affine(ty, data, rows as usize, cols as usize).map_err(err)?;
+        let groups = cols / m.group_size as i32;
+        let weight = Array::from_slice(&m.weight, &[rows, cols * m.bits as i32 / 32]);
+        // The legacy types' scales and biases are float16 values times small
+        // powers of two: exact in float16, which is what MLX's own GGUF
+        // reader returns (the native path's activation dtype follows it).
+        let legacy = matches!(
+            ty,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
+        );
+        let to_f16 = |v: &[f32]| -> Option<Vec<half::f16>> {
+            let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
+            h.iter().zip(v).all(|(h, &x)| h.to_f32() == x).then_some(h)
+        };
+        let (scales, biases) = match (legacy, to_f16(&m.scales), to_f16(&m.biases)) {
+            (true, Some(s), Some(b)) => (
+                Array::from_slice(&s, &[rows, groups]),
+                Array::from_slice(&b, &[rows, groups]),
+            ),
+            _ => (
+                Array::from_slice(&m.scales, &[rows, groups]),
+                Array::from_slice(&m.biases, &[rows, groups]),
+            ),
+        };
+        Ok(vec![
+            ("weight", weight),
+            ("scales", scales),
+            ("biases", biases),
+        ])
     }
 
     /// The path this was opened from.
     pub fn path(&self) -> &Path {
         &self.path
-    }
-}
-
-/// Reads a GGUF array-valued metadata entry as an [`Array`] (for callers that
-/// need raw access).
-pub fn metadata_array(g: &Gguf, key: &str) -> Option<Array> {
-    g.file.get_metadata_array(key).ok().flatten()
-}
-
-/// Checks the magic and version, then walks the header (metadata and tensor
-/// infos) to find the data section's required length, failing clearly on a
-/// truncated file instead of letting the reader fault.
-fn check_header(path: &Path) -> Result<()> {
-    let file = std::fs::File::open(path).map_err(|source| ModelError::Io {
-        path: path.into(),
-        source,
-    })?;
-    let file_len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut r = std::io::BufReader::new(file);
-    let bad = |why: String| ModelError::invalid(path, why);
-    let trunc = |_: std::io::Error| ModelError::invalid(path, "truncated GGUF header");
-    let mut magic = [0u8; 4];
-    r.read_exact(&mut magic).map_err(trunc)?;
-    if &magic != b"GGUF" {
-        return Err(bad("not a GGUF file (bad magic)".into()));
-    }
-    let version = read_u32(&mut r).map_err(trunc)?;
-    if !(2..=3).contains(&version) {
-        return Err(bad(format!("unsupported GGUF version {version}")));
-    }
-    let n_tensors = read_u64(&mut r).map_err(trunc)?;
-    let n_kv = read_u64(&mut r).map_err(trunc)?;
-    let mut alignment = 32u64;
-    let mut pos = 24u64;
-    for _ in 0..n_kv {
-        let key = read_string(&mut r, &mut pos, file_len).map_err(&bad)?;
-        let ty = read_u32(&mut r).map_err(trunc)?;
-        pos += 4;
-        let value = skip_value(&mut r, ty, &mut pos, file_len, 0).map_err(&bad)?;
-        if key == "general.alignment" {
-            alignment = value.max(1);
-        }
-    }
-    let mut data_needed = 0u64;
-    for _ in 0..n_tensors {
-        let name = read_string(&mut r, &mut pos, file_len).map_err(&bad)?;
-        let n_dims = read_u32(&mut r).map_err(trunc)?;
-        pos += 4;
-        if n_dims > 8 {
-            return Err(bad(format!("tensor `{name}` has {n_dims} dimensions")));
-        }
-        let mut elems = 1u64;
-        for _ in 0..n_dims {
-            elems = elems.saturating_mul(read_u64(&mut r).map_err(trunc)?);
-            pos += 8;
-        }
-        let ggml_type = read_u32(&mut r).map_err(trunc)?;
-        let offset = read_u64(&mut r).map_err(trunc)?;
-        pos += 12;
-        let size = ggml_type_size(ggml_type, elems)
-            .ok_or_else(|| bad(format!("tensor `{name}` has ggml type {ggml_type}, which MLX cannot load (K-quants and IQ types need conversion)")))?;
-        data_needed = data_needed.max(offset.saturating_add(size));
-    }
-    let data_start = pos.div_ceil(alignment) * alignment;
-    if data_start.saturating_add(data_needed) > file_len {
-        return Err(bad(format!(
-            "truncated: tensor data needs {} bytes, file has {file_len}",
-            data_start.saturating_add(data_needed)
-        )));
-    }
-    Ok(())
-}
-
-fn read_u32(r: &mut impl Read) -> std::io::Result<u32> {
-    let mut b = [0u8; 4];
-    r.read_exact(&mut b)?;
-    Ok(u32::from_le_bytes(b))
-}
-
-fn read_u64(r: &mut impl Read) -> std::io::Result<u64> {
-    let mut b = [0u8; 8];
-    r.read_exact(&mut b)?;
-    Ok(u64::from_le_bytes(b))
-}
-
-fn read_string(
-    r: &mut impl Read,
-    pos: &mut u64,
-    file_len: u64,
-) -> std::result::Result<String, String> {
-    let len = read_u64(r).map_err(|_| "truncated GGUF header".to_string())?;
-    *pos += 8;
-    if len > file_len.saturating_sub(*pos) {
-        return Err("truncated GGUF header (string runs past the end)".into());
-    }
-    let mut buf = vec![0u8; len as usize];
-    r.read_exact(&mut buf)
-        .map_err(|_| "truncated GGUF header".to_string())?;
-    *pos += len;
-    Ok(String::from_utf8_lossy(&buf).into_owned())
-}
-
-/// Skips one metadata value of GGUF type `ty`; returns it when it is an
-/// unsigned integer (for `general.alignment`), else 0.
-fn skip_value(
-    r: &mut impl Read,
-    ty: u32,
-    pos: &mut u64,
-    file_len: u64,
-    depth: u32,
-) -> std::result::Result<u64, String> {
-    if depth > 4 {
-        return Err("GGUF metadata arrays nested too deeply".into());
-    }
-    let trunc = |_| "truncated GGUF header".to_string();
-    let fixed = |ty: u32| -> Option<u64> {
-        match ty {
-            0 | 1 | 7 => Some(1),
-            2 | 3 => Some(2),
-            4..=6 => Some(4),
-            10..=12 => Some(8),
-            _ => None,
-        }
-    };
-    match ty {
-        8 => {
-            read_string(r, pos, file_len)?;
-            Ok(0)
-        }
-        9 => {
-            let elem_ty = read_u32(r).map_err(trunc)?;
-            let n = read_u64(r).map_err(trunc)?;
-            *pos += 12;
-            if let Some(size) = fixed(elem_ty) {
-                let bytes = n.saturating_mul(size);
-                if bytes > file_len.saturating_sub(*pos) {
-                    return Err("truncated GGUF header (array runs past the end)".into());
-                }
-                std::io::copy(&mut r.take(bytes), &mut std::io::sink()).map_err(trunc)?;
-                *pos += bytes;
-            } else {
-                for _ in 0..n {
-                    skip_value(r, elem_ty, pos, file_len, depth + 1)?;
-                }
-            }
-            Ok(0)
-        }
-        t => {
-            let size = fixed(t).ok_or_else(|| format!("unknown GGUF metadata type {t}"))?;
-            let mut b = [0u8; 8];
-            r.read_exact(&mut b[..size as usize]).map_err(trunc)?;
-            *pos += size;
-            Ok(u64::from_le_bytes(b))
-        }
-    }
-}
-
-/// Bytes of `elems` elements of the ggml types MLX's reader handles
-/// (F32, F16, Q4_0, Q4_1, Q8_0, BF16); `None` for the others.
-fn ggml_type_size(ty: u32, elems: u64) -> Option<u64> {
-    let blocks = elems.div_ceil(32);
-    match ty {
-        0 => elems.checked_mul(4),
-        1 | 30 => elems.checked_mul(2),
-        2 => blocks.checked_mul(18),
-        3 => blocks.checked_mul(20),
-        8 => blocks.checked_mul(34),
-        _ => None,
     }
 }

@@ -1,8 +1,10 @@
-//! Llama decoder (RoPE, GQA, RMSNorm, SwiGLU, optionally tied embeddings)
-//! over a ragged batch of rows.
+//! Llama-family decoder (RoPE, GQA, RMSNorm, SwiGLU, optionally tied
+//! embeddings, optional q/k/v biases) over a ragged batch of rows: the
+//! `llama` and `qwen2` architectures.
 //!
-//! Follows mlx-lm's `mlx_lm/models/llama.py` (Hugging Face half-split RoPE
-//! layout; GGUF weights are un-permuted at load). A forward pass takes any
+//! Follows mlx-lm's `mlx_lm/models/llama.py` and `models/qwen2.py` (Hugging
+//! Face half-split RoPE layout; llama GGUF weights are un-permuted at load,
+//! qwen2 GGUFs already use that layout). A forward pass takes any
 //! number of rows, each with its own new tokens and its own [`KvCache`]: the
 //! rows' tokens are packed into one `[N, H]` activation so every linear layer
 //! runs once for the batch, and attention runs per row against that row's
@@ -45,12 +47,38 @@ impl Projections {
     /// `x: [N, in]` -> one `[N, out_i]` per part (`kernel`: see
     /// [`Linear::forward_with`]).
     pub fn forward(&self, x: &Array, kernel: Kernel) -> Result<Vec<Array>> {
+        self.forward_biased(x, kernel, None)
+    }
+
+    /// As [`Projections::forward`], adding `bias` (`[sum of out_i]`, the
+    /// parts' biases concatenated) to the products.
+    pub fn forward_biased(
+        &self,
+        x: &Array,
+        kernel: Kernel,
+        bias: Option<&Array>,
+    ) -> Result<Vec<Array>> {
         match self {
             Projections::Separate(parts) => {
-                parts.iter().map(|p| p.forward_with(x, kernel)).collect()
+                let mut start = 0;
+                let mut out = Vec::with_capacity(parts.len());
+                for p in parts {
+                    let y = p.forward_with(x, kernel)?;
+                    let w = p.out_features();
+                    out.push(match bias {
+                        Some(b) => ops::add(&y, b.index(start..start + w))?,
+                        None => y,
+                    });
+                    start += w;
+                }
+                Ok(out)
             }
             Projections::Fused(lin, widths) => {
                 let y = lin.forward_with(x, kernel)?;
+                let y = match bias {
+                    Some(b) => ops::add(&y, b)?,
+                    None => y,
+                };
                 let mut out = Vec::with_capacity(widths.len());
                 let mut start = 0;
                 for w in widths {
@@ -80,6 +108,9 @@ pub struct Layer {
     pub post_attention_norm: Array,
     /// `q_proj` `[n_heads*D, H]`, `k_proj`/`v_proj` `[n_kv*D, H]`.
     pub qkv: Projections,
+    /// q/k/v biases concatenated, `[(n_heads + 2 n_kv) * D]` in the
+    /// activation dtype (Qwen2); `None` for Llama.
+    pub qkv_bias: Option<Array>,
     /// `o_proj`: `[H, n_heads * D]`.
     pub o_proj: Linear,
     /// `gate_proj`, `up_proj`: `[I, H]` each.
@@ -304,7 +335,9 @@ impl Llama {
         let c = &self.config;
         let d = c.head_dim() as i32;
         let (nh, nkv) = (c.num_attention_heads as i32, c.num_key_value_heads as i32);
-        let qkv = layer.qkv.forward(x, self.layer_kernel)?;
+        let qkv = layer
+            .qkv
+            .forward_biased(x, self.layer_kernel, layer.qkv_bias.as_ref())?;
         let n = qkv[0].shape()[0];
         // Half-split (non-traditional) RoPE at each token's own position.
         let rope = |a: &Array, heads: i32| {
@@ -471,6 +504,7 @@ impl Llama {
         for layer in &self.layers {
             out.push(&layer.input_norm);
             out.push(&layer.post_attention_norm);
+            out.extend(&layer.qkv_bias);
             let mut linears = layer.qkv.linears();
             linears.extend(layer.gate_up.linears());
             linears.extend([&layer.o_proj, &layer.down_proj]);

@@ -10,6 +10,7 @@ pub mod decode_layer;
 pub mod error;
 pub mod fingerprint;
 pub mod gguf;
+pub mod gguf_file;
 pub mod linear;
 pub mod llama;
 pub mod tokenizer;
@@ -110,26 +111,32 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     if !path.exists() {
         return Err(ModelError::MissingFile(path.into()));
     }
-    let (config, tensors, tokenizer, template_src, eos_ids, bos_token, format) = if path.is_dir() {
-        load_dir_parts(path)?
-    } else {
-        let g = gguf::Gguf::open(path)?;
-        let config = g.config()?;
-        let tokenizer = g.tokenizer()?;
-        let tensors = g.tensors(&config)?;
-        let eos = g.eos_ids()?;
-        let bos = config.bos_token_id.and_then(|id| tokenizer.id_to_token(id));
-        (
-            config,
-            tensors,
-            tokenizer,
-            g.chat_template(),
-            eos,
-            bos,
-            ModelFormat::Gguf,
-        )
-    };
-    let compute = resolve_compute(opts.dtype, &tensors, &config);
+    let (config, tensors, tokenizer, template_src, eos_ids, bos_token, format, compute) =
+        if path.is_dir() {
+            let (config, tensors, tokenizer, template, eos, bos, format) = load_dir_parts(path)?;
+            let compute = resolve_compute(opts.dtype, is_quantized_checkpoint(&tensors), &config);
+            (
+                config, tensors, tokenizer, template, eos, bos, format, compute,
+            )
+        } else {
+            let g = gguf::Gguf::open(path)?;
+            let config = g.config()?;
+            let tokenizer = g.tokenizer()?;
+            let compute = resolve_compute(opts.dtype, g.has_quantized_tensors(), &config);
+            let tensors = g.tensors(&config, compute == ComputeDtype::Float32)?;
+            let eos = g.eos_ids()?;
+            let bos = config.bos_token_id.and_then(|id| tokenizer.id_to_token(id));
+            (
+                config,
+                tensors,
+                tokenizer,
+                g.chat_template(),
+                eos,
+                bos,
+                ModelFormat::Gguf,
+                compute,
+            )
+        };
     let model = weights::build_llama(&config, &tensors, compute)?;
     let params: Vec<&Array> = model.parameters();
     mlx_rs::transforms::eval(params)?;
@@ -199,7 +206,7 @@ fn load_dir_parts(dir: &Path) -> Result<DirParts> {
     let config_path = dir.join("config.json");
     let config_json = read_json(&config_path)?;
     let arch = config_json["model_type"].as_str().unwrap_or("").to_string();
-    if arch != "llama" {
+    if !config::SUPPORTED_MODEL_TYPES.contains(&arch.as_str()) {
         return Err(ModelError::UnsupportedArchitecture {
             path: config_path,
             arch,
@@ -260,7 +267,7 @@ fn load_dir_parts(dir: &Path) -> Result<DirParts> {
 /// otherwise (and on GPU/Metal) the checkpoint's path.
 fn resolve_compute(
     arg: DtypeArg,
-    tensors: &weights::TensorMap,
+    quantized_checkpoint: bool,
     config: &ModelConfig,
 ) -> ComputeDtype {
     match arg {
@@ -271,7 +278,7 @@ fn resolve_compute(
             if crate::runtime::gpu_available() {
                 return ComputeDtype::Native;
             }
-            if cpu_quant::enabled() && is_quantized_checkpoint(tensors) {
+            if cpu_quant::enabled() && quantized_checkpoint {
                 return ComputeDtype::Quantized;
             }
             let params = approx_params(config);

@@ -2,10 +2,12 @@
 //!
 //! From a model directory's `tokenizer.json`, or rebuilt from GGUF metadata
 //! (`tokenizer.ggml.*`) as a byte-level BPE: vocabulary and merges from the
-//! file, pre-tokenizer `Sequence[Digits(individual), ByteLevel(no prefix
-//! space, GPT-2 regex)]`, ByteLevel decoder, and control tokens
-//! (`token_type == 3`) as special tokens. That reproduces llama.cpp's
-//! tokenization of the `smollm` pre-tokenizer type.
+//! file, the pre-tokenizer `tokenizer.ggml.pre` names (see
+//! [`PRE_TOKENIZERS`]; the regexes are llama.cpp's, `src/llama-vocab.cpp`,
+//! which are the models' own `tokenizer.json` splits), ByteLevel decoder,
+//! control tokens (`token_type == 3`) as special tokens and user-defined
+//! ones (4) as added tokens matched everywhere. That reproduces llama.cpp's
+//! tokenization of those pre-tokenizer types.
 
 use std::path::Path;
 
@@ -13,16 +15,67 @@ use tokenizers::{
     decoders::byte_level::ByteLevel as ByteLevelDecoder,
     models::bpe::BPE,
     pre_tokenizers::{
-        byte_level::ByteLevel, digits::Digits, sequence::Sequence, PreTokenizerWrapper,
+        byte_level::ByteLevel,
+        digits::Digits,
+        sequence::Sequence,
+        split::{Split, SplitPattern},
+        PreTokenizerWrapper,
     },
-    AddedToken, Tokenizer,
+    AddedToken, SplitDelimiterBehavior, Tokenizer,
 };
 
 use super::error::{ModelError, Result};
 
 /// GGUF token types (llama.cpp `llama_token_type`).
-const TOKEN_TYPE_CONTROL: i32 = 3;
-const TOKEN_TYPE_USER_DEFINED: i32 = 4;
+const TOKEN_TYPE_CONTROL: i64 = 3;
+const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+
+/// `tokenizer.ggml.pre` values this build rebuilds.
+pub const PRE_TOKENIZERS: &[&str] = &["smollm", "qwen2", "llama-bpe", "gpt-2"];
+
+/// Qwen2's split (its `tokenizer.json`; llama.cpp `LLAMA_VOCAB_PRE_TYPE_QWEN2`):
+/// single digits, letters with one leading non-letter, punctuation runs.
+const QWEN2_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Llama 3's split (`LLAMA_VOCAB_PRE_TYPE_LLAMA3`): as Qwen2's with digits
+/// in runs of up to three.
+const LLAMA3_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The pre-tokenizer for `tokenizer.ggml.pre` = `pre`.
+fn pre_tokenizer(pre: &str) -> Result<Sequence> {
+    let split = |re: &str| -> Result<PreTokenizerWrapper> {
+        Ok(Split::new(
+            SplitPattern::Regex(re.into()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| ModelError::Tokenizer(e.to_string()))?
+        .into())
+    };
+    let parts: Vec<PreTokenizerWrapper> = match pre {
+        // SmolLM: GPT-2's regex, digits split one by one.
+        "smollm" => vec![
+            Digits::new(true).into(),
+            ByteLevel::new(false, true, true).into(),
+        ],
+        "qwen2" => vec![
+            split(QWEN2_SPLIT)?,
+            ByteLevel::new(false, false, false).into(),
+        ],
+        "llama-bpe" => vec![
+            split(LLAMA3_SPLIT)?,
+            ByteLevel::new(false, false, false).into(),
+        ],
+        "gpt-2" => vec![ByteLevel::new(false, true, true).into()],
+        other => {
+            return Err(ModelError::Tokenizer(format!(
+                "pre-tokenizer `tokenizer.ggml.pre = {other}` is not supported (supported: {})",
+                PRE_TOKENIZERS.join(", ")
+            )))
+        }
+    };
+    Ok(Sequence::new(parts))
+}
 
 /// The model's tokenizer plus the special ids generation needs.
 #[derive(Clone)]
@@ -62,11 +115,15 @@ impl TextTokenizer {
     /// Builds a byte-level BPE from GGUF metadata arrays.
     ///
     /// `tokens[i]` is id `i`; `merges` are `"left right"` strings in rank
-    /// order; `token_types` follow llama.cpp's enum (3 = control).
+    /// order; `token_types` follow llama.cpp's enum (3 = control); `pre`
+    /// is `tokenizer.ggml.pre` (one of [`PRE_TOKENIZERS`]).
+    ///
+    /// Errors: a malformed merge, an unsupported `pre`.
     pub fn from_gguf_bpe(
         tokens: &[String],
         merges: &[String],
-        token_types: &[i32],
+        token_types: &[i64],
+        pre: &str,
     ) -> Result<Self> {
         let vocab: tokenizers::models::bpe::Vocab = tokens
             .iter()
@@ -83,14 +140,13 @@ impl TextTokenizer {
             .collect::<Result<_>>()?;
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, merges)
+            // Llama 3 takes a whole pre-token from the vocabulary before
+            // merging (its tokenizer.json; llama.cpp `ignore_merges`).
+            .ignore_merges(pre == "llama-bpe")
             .build()
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
         let mut inner = Tokenizer::new(bpe);
-        let pre: Vec<PreTokenizerWrapper> = vec![
-            Digits::new(true).into(),
-            ByteLevel::new(false, true, true).into(),
-        ];
-        inner.with_pre_tokenizer(Some(Sequence::new(pre)));
+        inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
         inner.with_decoder(Some(ByteLevelDecoder::default()));
         let special: Vec<AddedToken> = tokens
             .iter()

@@ -174,10 +174,12 @@ pub fn build_llama(
         let v = linear(&format!("{p}.self_attn.v_proj"), h, kv_out)?;
         let gate = linear(&format!("{p}.mlp.gate_proj"), h, i)?;
         let up = linear(&format!("{p}.mlp.up_proj"), h, i)?;
+        let qkv_bias = qkv_bias(tensors, &p, [q_out, kv_out, kv_out], act)?;
         layers.push(Layer {
             input_norm: vector(&format!("{p}.input_layernorm.weight"))?,
             post_attention_norm: vector(&format!("{p}.post_attention_layernorm.weight"))?,
             qkv: Projections::new(vec![q, k, v])?,
+            qkv_bias,
             o_proj: linear(&format!("{p}.self_attn.o_proj"), q_out, h)?,
             gate_up: Projections::new(vec![gate, up])?,
             down_proj: linear(&format!("{p}.mlp.down_proj"), i, h)?,
@@ -203,6 +205,37 @@ pub fn build_llama(
         },
     }
     .with_fused_decode())
+}
+
+/// The q/k/v biases of layer `prefix` concatenated (`[q + 2 kv]`, in
+/// `dtype`), when the checkpoint has them (Qwen2: all three); `None` when
+/// it has none. Errors: only some of the three, or a wrong length.
+fn qkv_bias(
+    tensors: &TensorMap,
+    prefix: &str,
+    widths: [usize; 3],
+    dtype: Dtype,
+) -> Result<Option<Array>> {
+    let names = ["q_proj", "k_proj", "v_proj"].map(|m| format!("{prefix}.self_attn.{m}.bias"));
+    let found: Vec<Option<&Array>> = names.iter().map(|n| tensors.get(n)).collect();
+    if found.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let mut parts = Vec::with_capacity(3);
+    for ((name, a), w) in names.iter().zip(found).zip(widths) {
+        let a = a.ok_or_else(|| ModelError::Tensor {
+            name: name.clone(),
+            reason: "missing while the other attention biases are present".into(),
+        })?;
+        if a.shape() != [w as i32] {
+            return Err(ModelError::Tensor {
+                name: name.clone(),
+                reason: format!("expected shape [{w}], found {:?}", a.shape()),
+            });
+        }
+        parts.push(a.as_dtype(dtype)?);
+    }
+    Ok(Some(mlx_rs::ops::concatenate(&parts, 0)?))
 }
 
 /// Activation dtype of the native path: the float dtype the checkpoint's
