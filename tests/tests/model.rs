@@ -216,5 +216,6 @@ fn converted_directory_scores_like_the_gguf() {
             case.prompt_ids
         );
     }
-    assert_eq!(loaded.eos_ids, vec![2]);
+    // <|im_end|> declared, <|endoftext|> collected as llama.cpp does.
+    assert_eq!(loaded.eos_ids, vec![2, 0]);
 }
