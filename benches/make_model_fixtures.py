@@ -112,6 +112,10 @@ for case in CASES:
     greedy, steps = greedy_and_scores(ids)
     cases.append({**case, "prompt_text": text, "prompt_ids": ids, "greedy_ids": greedy,
                   "greedy_text": llm.detokenize(greedy, special=True).decode("utf-8", "replace"),
+                  # Text of the first k greedy tokens, special tokens left out (what a
+                  # server returns), k = 1..n: to compare up to a near-tie.
+                  "greedy_prefix_texts": [llm.detokenize(greedy[:k]).decode("utf-8", "replace")
+                                          for k in range(1, len(greedy) + 1)],
                   "teacher_forced_top5": steps})
 
 print(json.dumps({
