@@ -102,7 +102,7 @@ pub fn parse_line(
             "`prompt_ids` is empty: the first continuation token needs a preceding token".into(),
         ));
     }
-    let vocab = model.model.config.vocab_size;
+    let vocab = model.model.config().vocab_size;
     for (field, ids) in [
         ("prompt_ids", &prompt),
         ("continuation_ids", &input.continuation_ids),
@@ -113,7 +113,7 @@ pub fn parse_line(
             )));
         }
     }
-    let context = model.model.config.max_position_embeddings;
+    let context = model.model.config().max_position_embeddings;
     if prompt.len() + input.continuation_ids.len() > context {
         return Err(bad(format!(
             "prompt + continuation is {} tokens, more than the model's context of {context}",
@@ -134,7 +134,7 @@ pub fn score_rows(
     top_k: usize,
     decode: bool,
 ) -> Result<Vec<ScoreOutput>, ScoreError> {
-    let llama = &model.model;
+    let lm = &model.model;
     // Each row feeds prompt + continuation[..-1]; logits from the last prompt
     // position on predict the continuation tokens.
     let inputs: Vec<Vec<u32>> = rows
@@ -147,7 +147,7 @@ pub fn score_rows(
             t
         })
         .collect();
-    let mut caches: Vec<_> = rows.iter().map(|_| llama.new_cache()).collect();
+    let mut caches: Vec<_> = rows.iter().map(|_| lm.new_cache()).collect();
     let mut pieces: Vec<Vec<Array>> = vec![Vec::new(); rows.len()];
     let mut pos = vec![0usize; rows.len()];
     loop {
@@ -177,7 +177,7 @@ pub fn score_rows(
         if batch.is_empty() {
             break;
         }
-        let logits = llama.forward(&mut batch)?;
+        let logits = lm.forward(&mut batch)?;
         let mut to_eval: Vec<&Array> = logits.iter().collect();
         for row in &batch {
             to_eval.extend(row.cache.arrays());

@@ -33,7 +33,7 @@ pub struct BenchArgs {
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let loaded = args.model.load(false)?;
     let model = &loaded.model;
-    let vocab = model.config.vocab_size as u32;
+    let vocab = model.config().vocab_size as u32;
     // A deterministic, varied prompt (token ids spread over the vocabulary).
     let prompt: Vec<u32> = (0..args.prompt_tokens as u32)
         .map(|i| (i * 7919 + 13) % vocab)

@@ -155,8 +155,8 @@ pub fn effective_params(model: &LoadedModel, req: &GenerateRequest) -> SamplingP
 /// Errors: [`GenerateError::InvalidRequest`] for an empty prompt, an id
 /// outside the vocabulary, or a prompt that fills the whole context.
 pub fn validate(model: &LoadedModel, req: &GenerateRequest) -> Result<(), GenerateError> {
-    let vocab = model.model.config.vocab_size;
-    let context = model.model.config.max_position_embeddings;
+    let vocab = model.model.config().vocab_size;
+    let context = model.model.config().max_position_embeddings;
     if req.prompt_ids.is_empty() {
         return Err(GenerateError::InvalidRequest("the prompt is empty".into()));
     }

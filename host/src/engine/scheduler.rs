@@ -495,7 +495,7 @@ fn admit_one<'s>(
         id,
         request.prompt_ids,
         request.max_tokens,
-        model.model.config.max_position_embeddings,
+        model.model.config().max_position_embeddings,
         &request.stop,
         request.keep_special,
         request.top_logprobs,

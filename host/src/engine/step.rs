@@ -59,7 +59,7 @@ pub(crate) fn run(
 ) -> Result<(Vec<RowOutcome>, StepTiming), GenerateError> {
     let mut timing = StepTiming::default();
     let started = Instant::now();
-    let vocab = model.model.config.vocab_size;
+    let vocab = model.model.config().vocab_size;
     // Rows in the forward, in order: (sequence index, tokens fed, wants logits).
     let mut members: Vec<(usize, usize, bool)> = Vec::new();
     let logits = {

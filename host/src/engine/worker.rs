@@ -275,8 +275,8 @@ impl Engine {
             tokenizer: model.tokenizer.clone(),
             template: model.template.clone(),
             eos_ids: model.eos_ids.clone(),
-            context: model.model.config.max_position_embeddings,
-            vocab: model.model.config.vocab_size,
+            context: model.model.config().max_position_embeddings,
+            vocab: model.model.config().vocab_size,
             compute: format!("{:?}", model.compute),
         };
         let engine = Engine {
@@ -519,7 +519,7 @@ fn open_ssd(model: &LoadedModel, cfg: &SsdConfig) -> Result<SsdCache, String> {
                 model.path.display()
             )
         })?;
-    let config = &model.model.config;
+    let config = model.model.config();
     let identity = ModelIdentity {
         model: fingerprint,
         tokenizer: model
@@ -530,7 +530,7 @@ fn open_ssd(model: &LoadedModel, cfg: &SsdConfig) -> Result<SsdCache, String> {
             layers: config.num_hidden_layers,
             kv_heads: config.num_key_value_heads,
             head_dim: config.head_dim(),
-            dtype: model.model.dtype,
+            dtype: model.model.dtype(),
         },
     };
     let ssd = SsdCache::open(cfg, identity).map_err(|e| e.to_string())?;

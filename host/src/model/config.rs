@@ -17,7 +17,7 @@ pub struct QuantSpec {
 }
 
 /// Architectures (`model_type` / GGUF `general.architecture`) this build runs.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "qwen2"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "qwen2", "qwen3"];
 
 /// Hyper-parameters of a Llama-family decoder (the fields mlx-lm's
 /// `models/llama.py` and `models/qwen2.py` `ModelArgs` read).

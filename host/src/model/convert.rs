@@ -154,6 +154,7 @@ fn write_all(
     cfg["quantization_config"] = cfg["quantization"].clone();
     let architecture = match config.model_type.as_str() {
         "qwen2" => "Qwen2ForCausalLM",
+        "qwen3" => "Qwen3ForCausalLM",
         _ => "LlamaForCausalLM",
     };
     cfg["architectures"] = serde_json::json!([architecture]);

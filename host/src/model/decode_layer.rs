@@ -95,6 +95,11 @@ impl FusedLayer {
             groups[i] = group_size;
             tensors.extend([weight.clone(), scales.clone(), biases.clone()]);
         }
+        // The op has no per-head q/k norm (Qwen3): such layers decode
+        // through MLX ops.
+        if layer.q_norm.is_some() || layer.k_norm.is_some() {
+            return None;
+        }
         let qkv_width = linears[0].out_features();
         let bias = match &layer.qkv_bias {
             Some(b) if b.dtype() == Dtype::Float32 && b.shape() == [qkv_width] => b.clone(),

@@ -18,7 +18,7 @@ pub enum ModelError {
         reason: String,
     },
     /// The checkpoint's architecture is not implemented.
-    #[error("unsupported architecture `{arch}` in {path} (supported: llama, qwen2)")]
+    #[error("unsupported architecture `{arch}` in {path} (supported: llama, qwen2, qwen3)")]
     UnsupportedArchitecture {
         /// The file declaring it.
         path: PathBuf,

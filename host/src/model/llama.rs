@@ -1,8 +1,8 @@
 //! Llama-family decoder (RoPE, GQA, RMSNorm, SwiGLU, optionally tied
-//! embeddings, optional q/k/v biases) over a ragged batch of rows: the
-//! `llama` and `qwen2` architectures.
+//! embeddings, optional q/k/v biases, optional per-head q/k RMSNorm) over a
+//! ragged batch of rows: the `llama`, `qwen2` and `qwen3` architectures.
 //!
-//! Follows mlx-lm's `mlx_lm/models/llama.py` and `models/qwen2.py` (Hugging
+//! Follows mlx-lm's `mlx_lm/models/llama.py`, `qwen2.py` and `qwen3.py` (Hugging
 //! Face half-split RoPE layout; llama GGUF weights are un-permuted at load,
 //! qwen2 GGUFs already use that layout). A forward pass takes any
 //! number of rows, each with its own new tokens and its own [`KvCache`]: the
@@ -111,6 +111,10 @@ pub struct Layer {
     /// q/k/v biases concatenated, `[(n_heads + 2 n_kv) * D]` in the
     /// activation dtype (Qwen2); `None` for Llama.
     pub qkv_bias: Option<Array>,
+    /// Qwen3's RMSNorm weights over each query / key head, `[D]`.
+    pub q_norm: Option<Array>,
+    /// See `q_norm`.
+    pub k_norm: Option<Array>,
     /// `o_proj`: `[H, n_heads * D]`.
     pub o_proj: Linear,
     /// `gate_proj`, `up_proj`: `[I, H]` each.
@@ -339,20 +343,26 @@ impl Llama {
             .qkv
             .forward_biased(x, self.layer_kernel, layer.qkv_bias.as_ref())?;
         let n = qkv[0].shape()[0];
-        // Half-split (non-traditional) RoPE at each token's own position.
-        let rope = |a: &Array, heads: i32| {
-            fast::rope_dynamic(
-                a.reshape(&[n, heads, 1, d])?,
+        // Qwen3's per-head RMSNorm of q and k, then half-split
+        // (non-traditional) RoPE at each token's own position.
+        let rope = |a: &Array, heads: i32, norm: Option<&Array>| -> Result<Array> {
+            let a = a.reshape(&[n, heads, 1, d])?;
+            let a = match norm {
+                Some(w) => fast::rms_norm(&a, Some(w), c.rms_norm_eps)?,
+                None => a,
+            };
+            Ok(fast::rope_dynamic(
+                a,
                 d,
                 false,
                 c.rope_theta,
                 1.0,
                 positions,
                 None,
-            )
+            )?)
         };
-        let q = rope(&qkv[0], nh)?;
-        let k = rope(&qkv[1], nkv)?;
+        let q = rope(&qkv[0], nh, layer.q_norm.as_ref())?;
+        let k = rope(&qkv[1], nkv, layer.k_norm.as_ref())?;
         let v = qkv[2].reshape(&[n, nkv, 1, d])?;
         // Rows decoding one token go through one batched op (CPU backend).
         let decode: Vec<bool> = lens
@@ -505,6 +515,8 @@ impl Llama {
             out.push(&layer.input_norm);
             out.push(&layer.post_attention_norm);
             out.extend(&layer.qkv_bias);
+            out.extend(&layer.q_norm);
+            out.extend(&layer.k_norm);
             let mut linears = layer.qkv.linears();
             linears.extend(layer.gate_up.linears());
             linears.extend([&layer.o_proj, &layer.down_proj]);

@@ -1,6 +1,7 @@
 //! Models: configuration, weights, tokenizer, chat template, architectures,
 //! and loading them from a GGUF file or an MLX model directory.
 
+pub mod arch;
 pub mod catalog;
 pub mod chat_template;
 pub mod config;
@@ -21,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 use mlx_rs::Array;
 
+pub use arch::CausalLm;
 pub use chat_template::{ChatMessage, ChatTemplate, TemplateMessage};
 pub use config::ModelConfig;
 pub use error::{ModelError, Result};
@@ -56,8 +58,9 @@ pub enum ModelFormat {
 
 /// A model ready to run: weights, tokenizer, template and stop ids.
 pub struct LoadedModel {
-    /// The architecture with its weights.
-    pub model: Llama,
+    /// The architecture with its weights, behind the interface the engine
+    /// uses.
+    pub model: Box<dyn CausalLm>,
     /// Text <-> ids.
     pub tokenizer: TextTokenizer,
     /// Chat template, if the checkpoint has one.
@@ -138,7 +141,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
                 compute,
             )
         };
-    let model = weights::build_llama(&config, &tensors, compute)?;
+    let model: Box<dyn CausalLm> = Box::new(weights::build_llama(&config, &tensors, compute)?);
     let params: Vec<&Array> = model.parameters();
     mlx_rs::transforms::eval(params)?;
     let eos_token = eos_ids

@@ -56,6 +56,8 @@ pub fn gguf_to_mlx_name(name: &str) -> Option<String> {
                 "ffn_up" => "mlp.up_proj",
                 "ffn_down" => "mlp.down_proj",
                 "attn_norm" => "input_layernorm",
+                "attn_q_norm" => "self_attn.q_norm",
+                "attn_k_norm" => "self_attn.k_norm",
                 "ffn_norm" => "post_attention_layernorm",
                 _ => return None,
             };
@@ -175,11 +177,26 @@ pub fn build_llama(
         let gate = linear(&format!("{p}.mlp.gate_proj"), h, i)?;
         let up = linear(&format!("{p}.mlp.up_proj"), h, i)?;
         let qkv_bias = qkv_bias(tensors, &p, [q_out, kv_out, kv_out], act)?;
+        let head_norm = |which: &str| -> Result<Option<Array>> {
+            let name = format!("{p}.self_attn.{which}.weight");
+            let Some(a) = tensors.get(&name) else {
+                return Ok(None);
+            };
+            if a.shape() != [hd as i32] {
+                return Err(ModelError::Tensor {
+                    name,
+                    reason: format!("expected shape [{hd}], found {:?}", a.shape()),
+                });
+            }
+            Ok(Some(a.as_dtype(act)?))
+        };
         layers.push(Layer {
             input_norm: vector(&format!("{p}.input_layernorm.weight"))?,
             post_attention_norm: vector(&format!("{p}.post_attention_layernorm.weight"))?,
             qkv: Projections::new(vec![q, k, v])?,
             qkv_bias,
+            q_norm: head_norm("q_norm")?,
+            k_norm: head_norm("k_norm")?,
             o_proj: linear(&format!("{p}.self_attn.o_proj"), q_out, h)?,
             gate_up: Projections::new(vec![gate, up])?,
             down_proj: linear(&format!("{p}.mlp.down_proj"), i, h)?,

@@ -1,0 +1,59 @@
+//! The interface the engine, both cache tiers, scoring and the benchmarks
+//! run a model through, so none of them names an architecture.
+
+use mlx_rs::{Array, Dtype};
+
+use super::config::ModelConfig;
+use super::error::Result;
+use super::llama::RowInput;
+use crate::cache::KvCache;
+
+/// A decoder-only language model over a ragged batch of rows.
+pub trait CausalLm {
+    /// Hyper-parameters (vocabulary size, context length, KV geometry).
+    fn config(&self) -> &ModelConfig;
+
+    /// Runs each row's new tokens (a prompt chunk or one decode token)
+    /// through the model, extending the row's cache, and returns per row
+    /// the logits `[n, V]` (float32, lazy) for positions
+    /// `logits_from..tokens.len()`.
+    ///
+    /// Errors: a token id `>= vocab_size`; MLX errors.
+    fn forward(&self, rows: &mut [RowInput<'_>]) -> Result<Vec<Array>>;
+
+    /// A fresh KV cache for one row.
+    fn new_cache(&self) -> KvCache;
+
+    /// Dtype of activations and of the KV cache.
+    fn dtype(&self) -> Dtype;
+
+    /// Every parameter array (evaluated after load; byte counts).
+    fn parameters(&self) -> Vec<&Array>;
+
+    /// Bytes of parameter storage.
+    fn nbytes(&self) -> usize {
+        self.parameters().iter().map(|a| a.nbytes()).sum()
+    }
+}
+
+impl CausalLm for super::Llama {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn forward(&self, rows: &mut [RowInput<'_>]) -> Result<Vec<Array>> {
+        super::Llama::forward(self, rows)
+    }
+
+    fn new_cache(&self) -> KvCache {
+        super::Llama::new_cache(self)
+    }
+
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    fn parameters(&self) -> Vec<&Array> {
+        super::Llama::parameters(self)
+    }
+}
