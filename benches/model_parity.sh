@@ -3,7 +3,10 @@
 # teacher-forced top-5 logprobs on the fixture's prompts and llama.cpp's greedy continuations
 # (tests/fixtures/models/NAME.llama-cpp.json), mlxhost's `--dtype native` on the directory vs
 # mlx-lm on the same directory. Prints the largest differences (chosen token, shared top-5).
-#   benches/model_parity.sh [NAME]        # default qwen2.5-coder-0.5b
+#   benches/model_parity.sh [NAME]        # default qwen2.5-coder-0.5b; CASES=1 (fixture case
+#                                         # indices, comma-separated)
+# mlx-lm's CPU quantized matmul is slow here (~13 minutes for case 1's 33 tokens on 2 cores),
+# hence one case by default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/side_by_side.sh
@@ -13,9 +16,12 @@ GGUF=$("$BIN" models pull "$NAME")
 DIR="$CACHE/models/$NAME-mlx"
 [ -f "$DIR/model.safetensors" ] || "$BIN" convert "$GGUF" "$DIR"
 IN=$(mktemp); OURS=$(mktemp); THEIRS=$(mktemp)
-python3 - "$FIXTURE" > "$IN" <<'PY'
+python3 - "$FIXTURE" "${CASES:-1}" > "$IN" <<'PY'
 import json, sys
-for c in json.load(open(sys.argv[1]))["cases"]:
+wanted = {int(i) for i in sys.argv[2].split(",")}
+for k, c in enumerate(json.load(open(sys.argv[1]))["cases"]):
+    if k not in wanted:
+        continue
     print(json.dumps({"prompt_ids": c["prompt_ids"], "continuation_ids": c["greedy_ids"]}))
 PY
 "$BIN" score --model "$DIR" --dtype native --input "$IN" > "$OURS"
