@@ -13,7 +13,11 @@ fn qwen3_scores_match_mlx_lm_within_0_05_nats() {
     let reference = parse_score(
         &std::fs::read_to_string(format!("{dir}/mlx-lm-scores.jsonl")).expect("scores"),
     );
-    for (dtype, extra) in [("float32", None), ("auto", None), ("float32", Some("--decode"))] {
+    for (dtype, extra) in [
+        ("float32", None),
+        ("auto", None),
+        ("float32", Some("--decode")),
+    ] {
         let mut args = vec!["score", "--model", dir, "--dtype", dtype];
         let rows = format!("{dir}/rows.jsonl");
         args.extend(["--input", rows.as_str()]);
