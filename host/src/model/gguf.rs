@@ -355,21 +355,17 @@ impl Gguf {
         let err = |e: ggml_quants::Error| e.to_string();
         let dense = |values: Vec<f32>| Array::from_slice(&values, &shape);
         if ty.is_float() || shape.len() != 2 {
+            // Half-width floats stay in their own dtype, as MLX's reader kept them.
+            let halves = |n: usize| data[..n].chunks_exact(2).map(|b| [b[0], b[1]]);
             let a = match ty {
                 GgmlType::F16 => {
                     let n = ty.bytes_for(elems).map_err(err)?;
-                    let v: Vec<half::f16> = data[..n]
-                        .chunks_exact(2)
-                        .map(|b| half::f16::from_le_bytes([b[0], b[1]]))
-                        .collect();
+                    let v: Vec<_> = halves(n).map(half::f16::from_le_bytes).collect();
                     Array::from_slice(&v, &shape)
                 }
                 GgmlType::BF16 => {
                     let n = ty.bytes_for(elems).map_err(err)?;
-                    let v: Vec<half::bf16> = data[..n]
-                        .chunks_exact(2)
-                        .map(|b| half::bf16::from_le_bytes([b[0], b[1]]))
-                        .collect();
+                    let v: Vec<_> = halves(n).map(half::bf16::from_le_bytes).collect();
                     Array::from_slice(&v, &shape)
                 }
                 _ => dense(ggml_quants::dequantize(ty, data, elems).map_err(err)?),
