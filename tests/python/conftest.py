@@ -125,3 +125,13 @@ def plugin_folder(tmp_path, *names):
         for wasm in src.glob("*.wasm"):
             shutil.copy(wasm, dst)
     return root
+
+
+def assert_picked_token_zero(reply):
+    """The `lowest-id` sampler picks id 0, SmolLM2's `<|endoftext|>`: an end-of-generation
+    token (as llama.cpp counts them), so the reply ends at once, empty, after one token,
+    where greedy decoding would have answered."""
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "stop", choice
+    assert choice["message"]["content"] == "", choice
+    assert reply["usage"]["completion_tokens"] == 1, reply["usage"]
