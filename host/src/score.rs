@@ -127,13 +127,15 @@ pub fn parse_line(
 /// length). `top_k` alternatives per step (0 for none). `decode`: after the
 /// prompt's prefill, feed the continuation one token per forward (the
 /// decode path generation runs, batched over the rows) instead of in
-/// prefill chunks.
+/// prefill chunks of `prefill_chunk` tokens (at least 1).
 pub fn score_rows(
     model: &LoadedModel,
     rows: &[(Vec<u32>, Vec<u32>)],
     top_k: usize,
     decode: bool,
+    prefill_chunk: usize,
 ) -> Result<Vec<ScoreOutput>, ScoreError> {
+    let chunk = prefill_chunk.max(1);
     let lm = &model.model;
     // Each row feeds prompt + continuation[..-1]; logits from the last prompt
     // position on predict the continuation tokens.
@@ -162,9 +164,9 @@ pub fn score_rows(
             let end = if decode && pos[i] >= p.len() {
                 pos[i] + 1
             } else if decode {
-                (pos[i] + PREFILL_CHUNK).min(p.len())
+                (pos[i] + chunk).min(p.len())
             } else {
-                (pos[i] + PREFILL_CHUNK).min(t.len())
+                (pos[i] + chunk).min(t.len())
             };
             let first_needed = p.len() - 1;
             batch.push(RowInput {

@@ -206,3 +206,77 @@ pub fn plugin_folder_with(names: &[&str]) -> tempfile::TempDir {
     }
     tmp
 }
+
+/// llama.cpp rounds activations to 8 bits in its quantized products; the
+/// bound for its top token on our float32 and default paths.
+pub const LLAMA_CPP_TOL: f32 = 0.15;
+
+/// `tests/fixtures/models/<name>.llama-cpp.json`: what llama.cpp itself
+/// did with a GGUF (benches/make_model_fixtures.py).
+pub fn llama_cpp_fixture(name: &str) -> serde_json::Value {
+    let path = format!(
+        "{}/fixtures/models/{name}.llama-cpp.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("json")
+}
+
+/// A JSON array of token ids.
+pub fn fixture_ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("ids")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+/// Scores every fixture case (prompt, then llama.cpp's greedy continuation)
+/// with `mlxhost score --dtype dtype` and checks our logprob of llama.cpp's
+/// top token at every step is within [`LLAMA_CPP_TOL`]; returns the largest
+/// difference.
+pub fn top_token_gap_to_llama_cpp(model: &Path, fx: &serde_json::Value, dtype: &str) -> f32 {
+    let ids = fixture_ids;
+    let cases = fx["cases"].as_array().expect("cases");
+    let rows: Vec<(Vec<u32>, Vec<u32>)> = cases
+        .iter()
+        .map(|c| (ids(&c["prompt_ids"]), ids(&c["greedy_ids"])))
+        .collect();
+    let input = score_input(&rows);
+    let out = parse_score(&mlxhost_ok(&[
+        "score",
+        "--model",
+        model.to_str().expect("path"),
+        "--dtype",
+        dtype,
+        "--input",
+        input.path().to_str().expect("path"),
+    ]));
+    let mut worst = 0f32;
+    for (c, (case, ours)) in cases.iter().zip(&out).enumerate() {
+        let steps = case["teacher_forced_top5"].as_array().expect("steps");
+        assert_eq!(ours.steps.len(), steps.len());
+        for (s, (theirs, mine)) in steps.iter().zip(&ours.steps).enumerate() {
+            let top = &theirs["top5"][0];
+            let (id, lp) = (
+                top[0].as_u64().expect("id") as u32,
+                top[1].as_f64().expect("lp") as f32,
+            );
+            let ours_lp = mine
+                .top
+                .iter()
+                .find(|t| t.0 == id)
+                .map(|t| t.1)
+                .unwrap_or_else(|| {
+                    panic!("{dtype}: case {c} step {s}: llama.cpp's top {id} not in our top 5")
+                });
+            let gap = (ours_lp - lp).abs();
+            assert!(
+                gap <= LLAMA_CPP_TOL,
+                "{dtype}: case {c} step {s}: token {id} ours {ours_lp:.4}, llama.cpp {lp:.4}"
+            );
+            worst = worst.max(gap);
+        }
+    }
+    eprintln!("{dtype}: largest top-token gap to llama.cpp {worst:.4} nats");
+    worst
+}

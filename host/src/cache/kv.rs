@@ -1,19 +1,61 @@
-//! Per-row full-attention KV cache with chunked preallocation.
+//! Per-row KV cache with chunked preallocation, one [`LayerKind`] per layer.
 //!
 //! Layout per layer: keys and values `[1, H_kv, capacity, D]` in the compute
-//! dtype; positions `[0, offset)` are valid. Capacity grows in steps of
+//! dtype; slot `i` holds position `start + i`, and positions
+//! `[start, offset)` are valid. Capacity grows in steps of
 //! [`KvCache::STEP`] tokens so a decode step writes in place (`slice_update`)
 //! instead of copying the whole cache, as mlx-lm's `KVCache` does
 //! (`mlx_lm/models/cache.py`).
+//!
+//! A full-attention layer keeps every position (`start == 0`). A
+//! sliding-window layer (Gemma 3's local layers) is bounded: when its
+//! buffer is full it drops the positions no later query can attend to,
+//! keeping the last `window - 1 + ROLLBACK` (a rotating buffer, compacted
+//! once per [`KvCache::STEP`] tokens rather than rotated every step, so
+//! slots stay in position order and attention needs no gather). The
+//! [`KvCache::ROLLBACK`] positions beyond the window are what make a cached
+//! sliding-window conversation reusable: a prompt-cache hit must trim the
+//! cache back to the shared prefix, and a window that kept only the last
+//! `window` positions could not be trimmed at all (llama.cpp re-processes
+//! the whole prompt in that case, its issue 13194).
 
 use mlx_rs::{ops, ops::indexing::IndexOp, ops::indexing::TryIndexMutOp, Array, Dtype};
 
 use crate::model::error::Result;
 
+/// What one layer of a [`KvCache`] keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum LayerKind {
+    /// Every position (full causal attention).
+    #[default]
+    Full,
+    /// Sliding-window attention: a query at position `q` attends to keys
+    /// at positions `(q - window, q]` (Gemma 3's local layers, mlx-lm's
+    /// `RotatingKVCache`, llama.cpp's standard SWA mask).
+    SlidingWindow {
+        /// Keys a query sees, itself included (Gemma 3: 512).
+        window: usize,
+    },
+}
+
+impl LayerKind {
+    /// The name used in KV-scheme strings and SSD headers: `full` or
+    /// `sliding<W>`.
+    pub fn name(&self) -> String {
+        match self {
+            LayerKind::Full => "full".into(),
+            LayerKind::SlidingWindow { window } => format!("sliding{window}"),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 struct LayerKv {
     keys: Option<Array>,
     values: Option<Array>,
+    kind: LayerKind,
+    /// Position held by slot 0 (0 for full layers).
+    start: usize,
 }
 
 /// One row's KV cache over all layers.
@@ -27,24 +69,57 @@ impl KvCache {
     /// Growth step in tokens.
     pub const STEP: usize = 256;
 
-    /// An empty cache for `num_layers` layers.
+    /// Positions a sliding-window layer keeps beyond its window, so the
+    /// cache can be trimmed back by up to this many tokens (a prompt-cache
+    /// hit whose shared prefix ends inside the last turn's reply).
+    pub const ROLLBACK: usize = 256;
+
+    /// An empty cache for `num_layers` full-attention layers.
     pub fn new(num_layers: usize) -> Self {
+        Self::with_kinds(&vec![LayerKind::Full; num_layers])
+    }
+
+    /// An empty cache with one layer per entry of `kinds`.
+    pub fn with_kinds(kinds: &[LayerKind]) -> Self {
         KvCache {
-            layers: vec![LayerKv::default(); num_layers],
+            layers: kinds
+                .iter()
+                .map(|&kind| LayerKv {
+                    kind,
+                    ..Default::default()
+                })
+                .collect(),
             offset: 0,
         }
     }
 
     /// A cache of `offset` positions from per-layer keys and values
-    /// `[1, H_kv, T, D]` with `T >= offset` (a restored SSD entry: `T ==
-    /// offset`, and the first update reallocates with room to grow).
+    /// `[1, H_kv, T, D]` (a restored SSD entry) of full-attention layers:
+    /// `T == offset`, and the first update reallocates with room to grow.
     pub fn from_layers(layers: Vec<(Array, Array)>, offset: usize) -> Self {
+        let n = layers.len();
+        let full = vec![LayerKind::Full; n];
+        Self::from_parts(layers, &full, &vec![0; n], offset)
+    }
+
+    /// A cache of `offset` positions from per-layer keys and values
+    /// `[1, H_kv, offset - starts[l], D]`, each layer of kind `kinds[l]`
+    /// holding positions `[starts[l], offset)` (a restored SSD entry).
+    pub fn from_parts(
+        layers: Vec<(Array, Array)>,
+        kinds: &[LayerKind],
+        starts: &[usize],
+        offset: usize,
+    ) -> Self {
         KvCache {
             layers: layers
                 .into_iter()
-                .map(|(k, v)| LayerKv {
+                .zip(kinds.iter().zip(starts))
+                .map(|((k, v), (&kind, &start))| LayerKv {
                     keys: Some(k),
                     values: Some(v),
+                    kind,
+                    start,
                 })
                 .collect(),
             offset,
@@ -52,12 +127,51 @@ impl KvCache {
     }
 
     /// Per layer, the key and value buffers `[1, H_kv, capacity, D]`
-    /// (`None` for a layer never written).
+    /// (`None` for a layer never written). Slot `i` holds position
+    /// [`KvCache::layer_start`]` + i`.
     pub fn layer_buffers(&self) -> Vec<Option<(&Array, &Array)>> {
         self.layers
             .iter()
             .map(|l| l.keys.as_ref().zip(l.values.as_ref()))
             .collect()
+    }
+
+    /// Each layer's kind.
+    pub fn kinds(&self) -> Vec<LayerKind> {
+        self.layers.iter().map(|l| l.kind).collect()
+    }
+
+    /// The first position `layer` still holds (0 unless a sliding-window
+    /// layer dropped older ones).
+    pub fn layer_start(&self, layer: usize) -> usize {
+        self.layers[layer].start
+    }
+
+    /// The shortest length this cache can be trimmed to with
+    /// [`KvCache::truncate`] and still be resumed: a sliding-window layer
+    /// that dropped positions must keep the `window - 1` before the next
+    /// query. 0 when nothing was dropped.
+    pub fn min_resume(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l.kind {
+                LayerKind::SlidingWindow { window } if l.start > 0 => l.start + window - 1,
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// How many of the first `shared` positions a reuse can keep: `shared`
+    /// when the cache can be trimmed to it ([`KvCache::min_resume`]), else
+    /// 0 (nothing shorter can be resumed either).
+    pub fn reusable(&self, shared: usize) -> usize {
+        let shared = shared.min(self.offset);
+        if shared >= self.min_resume() {
+            shared
+        } else {
+            0
+        }
     }
 
     /// Number of cached positions (tokens already processed).
@@ -69,23 +183,65 @@ impl KvCache {
     /// `[offset, offset + T)` and returns the valid prefix
     /// `[1, H_kv, offset + T, D]` of both. Call [`KvCache::advance`] once all
     /// layers have been updated.
+    ///
+    /// For a sliding-window layer the returned arrays hold positions
+    /// `[layer_start, offset + T)` (read [`KvCache::layer_start`] after the
+    /// call); the caller masks what lies outside each query's window.
     pub fn update(&mut self, layer: usize, keys: &Array, values: &Array) -> Result<(Array, Array)> {
         let t = keys.shape()[2] as usize;
-        let start = self.offset;
-        let end = start + t;
-        self.reserve(layer, end, keys)?;
+        let end = self.offset + t;
+        if let LayerKind::SlidingWindow { window } = self.layers[layer].kind {
+            self.reserve_window(layer, end, window, keys)?;
+        } else {
+            self.reserve(layer, end, keys)?;
+        }
         let slot = &mut self.layers[layer];
         let (k_buf, v_buf) = match (slot.keys.as_mut(), slot.values.as_mut()) {
             (Some(k), Some(v)) => (k, v),
             _ => unreachable!("buffers allocated by reserve"),
         };
-        let (s, e) = (start as i32, end as i32);
+        let (s, e) = ((self.offset - slot.start) as i32, (end - slot.start) as i32);
         k_buf.try_index_mut((.., .., s..e, ..), keys)?;
         v_buf.try_index_mut((.., .., s..e, ..), values)?;
         Ok((
             k_buf.index((.., .., ..e, ..)),
             v_buf.index((.., .., ..e, ..)),
         ))
+    }
+
+    /// Makes sliding-window `layer`'s buffer hold positions up to `end`:
+    /// when it is full, positions no query from `offset` on can see (and
+    /// that lie beyond the [`KvCache::ROLLBACK`] margin) are dropped, and
+    /// the rest moves to the front of a buffer with a [`KvCache::STEP`] of
+    /// room, so the copy happens once per `STEP` decode steps.
+    fn reserve_window(
+        &mut self,
+        layer: usize,
+        end: usize,
+        window: usize,
+        like: &Array,
+    ) -> Result<()> {
+        let offset = self.offset;
+        let slot = &mut self.layers[layer];
+        let capacity = slot
+            .keys
+            .as_ref()
+            .map(|k| k.shape()[2] as usize)
+            .unwrap_or(0);
+        if end - slot.start <= capacity {
+            return Ok(());
+        }
+        let keep_from = offset
+            .saturating_sub(window - 1 + Self::ROLLBACK)
+            .max(slot.start);
+        let (drop, valid) = (keep_from - slot.start, offset - keep_from);
+        let new_cap = (end - keep_from + Self::STEP).div_ceil(Self::STEP) * Self::STEP;
+        for buf in [&mut slot.keys, &mut slot.values] {
+            let old = buf.take().map(|b| b.index((.., .., drop as i32.., ..)));
+            *buf = Some(grow(old, like, valid, new_cap)?);
+        }
+        slot.start = keep_from;
+        Ok(())
     }
 
     /// Makes `layer`'s buffers hold at least `end` positions (allocating
@@ -147,8 +303,18 @@ impl KvCache {
         self.offset += t;
     }
 
-    /// Drops positions at and after `len` (keeps the allocation).
+    /// Drops positions at and after `len` (keeps the allocation). With
+    /// sliding-window layers, `len` must be at least
+    /// [`KvCache::min_resume`] (see [`KvCache::reusable`]); a shorter one
+    /// empties the cache instead, which is always valid.
     pub fn truncate(&mut self, len: usize) {
+        if len < self.min_resume() {
+            for slot in &mut self.layers {
+                slot.start = 0;
+            }
+            self.offset = 0;
+            return;
+        }
         self.offset = self.offset.min(len);
     }
 
@@ -208,6 +374,89 @@ mod tests {
         );
         assert_eq!(values.shape(), keys.shape());
         assert_eq!(cache.offset(), 3 + KvCache::STEP);
+        Ok(())
+    }
+
+    /// Feeds positions `from..to` of a one-layer cache one chunk at a time;
+    /// each position's key is its position number.
+    fn feed(cache: &mut KvCache, from: usize, to: usize, chunk: usize) -> Result<Vec<f32>> {
+        let mut last = Vec::new();
+        let mut p = from;
+        while p < to {
+            let t = chunk.min(to - p);
+            let vals: Vec<f32> = (p..p + t).map(|x| x as f32).collect();
+            let k = Array::from_slice(&vals, &[1, 1, t as i32, 1]);
+            let (keys, _) = cache.update(0, &k, &k)?;
+            cache.advance(t);
+            last = keys.as_slice::<f32>().to_vec();
+            p += t;
+        }
+        Ok(last)
+    }
+
+    #[test]
+    fn sliding_window_layer_stays_bounded_and_in_position_order() -> Result<()> {
+        let window = 8;
+        let mut cache = KvCache::with_kinds(&[LayerKind::SlidingWindow { window }]);
+        let total = 3 * KvCache::STEP + 2 * KvCache::ROLLBACK + 17;
+        for chunk in [1, 5] {
+            cache.truncate(0);
+            let keys = feed(&mut cache, 0, total, chunk)?;
+            let start = cache.layer_start(0);
+            // Slots hold consecutive positions from `start` to the end.
+            let want: Vec<f32> = (start..total).map(|x| x as f32).collect();
+            assert_eq!(keys, want, "chunk {chunk}");
+            // Everything a rollback of ROLLBACK tokens needs is there, and
+            // the buffer never holds much more.
+            assert!(start <= total - (window - 1 + KvCache::ROLLBACK));
+            let cap = cache.layer_buffers()[0]
+                .map(|(k, _)| k.shape()[2])
+                .unwrap_or(0) as usize;
+            assert!(
+                cap <= window + KvCache::ROLLBACK + 2 * KvCache::STEP,
+                "capacity {cap}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn sliding_window_cache_trims_back_within_its_margin_only() -> Result<()> {
+        let window = 8;
+        let mut cache =
+            KvCache::with_kinds(&[LayerKind::Full, LayerKind::SlidingWindow { window }]);
+        let total = 2 * KvCache::STEP + KvCache::ROLLBACK + 40;
+        for p in 0..total {
+            let k = Array::from_slice(&[p as f32], &[1, 1, 1, 1]);
+            cache.update(0, &k, &k)?;
+            cache.update(1, &k, &k)?;
+            cache.advance(1);
+        }
+        let min = cache.min_resume();
+        assert!(
+            min > 0 && min <= total - KvCache::ROLLBACK,
+            "min_resume {min}"
+        );
+        assert_eq!(cache.reusable(total - 3), total - 3);
+        assert_eq!(cache.reusable(min - 1), 0);
+        // Trimmed to `min`, the next token's window is all there.
+        let mut trimmed = cache.clone();
+        trimmed.truncate(min);
+        let k = Array::from_slice(&[-1.0f32], &[1, 1, 1, 1]);
+        let (keys, _) = trimmed.update(1, &k, &k)?;
+        let held = keys.as_slice::<f32>().to_vec();
+        let start = trimmed.layer_start(1);
+        let window_keys = &held[min + 1 - window - start..];
+        let want: Vec<f32> = (min + 1 - window..min)
+            .map(|x| x as f32)
+            .chain([-1.0])
+            .collect();
+        assert_eq!(window_keys, &want[..]);
+        // Below the margin the cache empties rather than resume wrongly.
+        let mut emptied = cache.clone();
+        emptied.truncate(min - 1);
+        assert_eq!(emptied.offset(), 0);
+        assert_eq!(emptied.min_resume(), 0);
         Ok(())
     }
 }

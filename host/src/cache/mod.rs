@@ -7,7 +7,7 @@ pub mod prompt;
 pub mod ssd;
 pub mod tiers;
 
-pub use kv::KvCache;
+pub use kv::{KvCache, LayerKind};
 pub use prompt::{PromptCache, PromptCacheStats};
 pub use ssd::{SsdCache, SsdCacheStats, SsdConfig};
 pub use tiers::PrefixCache;

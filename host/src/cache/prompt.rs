@@ -8,7 +8,9 @@
 //! A lookup takes the entry sharing the longest prefix with the prompt,
 //! clones its KV (MLX arrays are immutable values: the clone shares memory
 //! until written) and trims it to the shared prefix, which a full-attention
-//! cache allows. At least one prompt token is always left to prefill, so
+//! cache allows and a sliding-window one allows within its rollback margin
+//! (`KvCache::reusable`; an entry that cannot be trimmed that far is not a
+//! hit). At least one prompt token is always left to prefill, so
 //! the step has logits. Memory is capped in bytes (the KV allocation,
 //! capacity included); the least recently used entries go first.
 
@@ -107,7 +109,7 @@ impl PromptCache {
         self.entries
             .iter()
             .filter(|e| e.namespace == namespace)
-            .map(|e| common_prefix(&e.tokens, prompt).min(limit))
+            .map(|e| e.kv.reusable(common_prefix(&e.tokens, prompt).min(limit)))
             .max()
             .unwrap_or(0)
     }
@@ -163,7 +165,12 @@ impl PromptCache {
             .entries
             .iter_mut()
             .filter(|e| e.namespace == namespace)
-            .map(|e| (common_prefix(&e.tokens, prompt).min(limit), e))
+            .map(|e| {
+                (
+                    e.kv.reusable(common_prefix(&e.tokens, prompt).min(limit)),
+                    e,
+                )
+            })
             .filter(|(n, _)| *n > 0)
             .max_by_key(|(n, e)| (*n, e.last_used));
         match best {

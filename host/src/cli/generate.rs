@@ -27,7 +27,8 @@ pub struct GenerateArgs {
     /// Plugin parameters as JSON keyed by plugin name, e.g. '{"ban-token": {"id": 7042}}'.
     #[arg(long, default_value = "{}")]
     plugin_params: String,
-    /// The user message.
+    /// The user message (rendered by the chat template); for a model
+    /// without one, the raw text to continue.
     #[arg(long)]
     prompt: String,
     /// System message; the chat template's default when absent.
@@ -63,22 +64,28 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         anyhow::bail!("--plugin-params must be a JSON object keyed by plugin name");
     }
     let (plugins, model) = super::load_plugins_and_model(&args.plugins, &args.model)?;
-    let template = model
-        .template
-        .as_ref()
-        .context("the model has no chat template")?;
-    let mut messages = Vec::new();
-    if let Some(system) = &args.system {
-        messages.push(ChatMessage {
-            role: "system".into(),
-            content: system.clone(),
-        });
-    }
-    messages.push(ChatMessage {
-        role: "user".into(),
-        content: args.prompt.clone(),
-    });
-    let prompt_ids = model.tokenizer.encode(&template.render(&messages, true)?)?;
+    // A base model (no chat template, e.g. Gemma 3 270M) continues the
+    // prompt as raw text, BOS first when its tokenizer adds one.
+    let prompt_ids = match &model.template {
+        Some(template) => {
+            let mut messages = Vec::new();
+            if let Some(system) = &args.system {
+                messages.push(ChatMessage {
+                    role: "system".into(),
+                    content: system.clone(),
+                });
+            }
+            messages.push(ChatMessage {
+                role: "user".into(),
+                content: args.prompt.clone(),
+            });
+            model.tokenizer.encode(&template.render(&messages, true)?)?
+        }
+        None if args.system.is_some() => {
+            anyhow::bail!("--system needs a chat template, and this model has none")
+        }
+        None => model.tokenizer.encode_prompt(&args.prompt)?,
+    };
     let req = GenerateRequest {
         prompt_ids,
         max_tokens: args.max_tokens,

@@ -27,6 +27,9 @@ pub struct ScoreArgs {
     /// together) instead of in prefill chunks.
     #[arg(long)]
     decode: bool,
+    /// Tokens per forward pass while prefilling.
+    #[arg(long, default_value_t = score::PREFILL_CHUNK as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    prefill_chunk: u64,
 }
 
 pub fn run(args: ScoreArgs) -> anyhow::Result<()> {
@@ -49,7 +52,13 @@ pub fn run(args: ScoreArgs) -> anyhow::Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     for batch in rows.chunks(args.batch_size as usize) {
-        for result in score::score_rows(&model, batch, args.top_logprobs, args.decode)? {
+        for result in score::score_rows(
+            &model,
+            batch,
+            args.top_logprobs,
+            args.decode,
+            args.prefill_chunk as usize,
+        )? {
             serde_json::to_writer(&mut out, &result)?;
             writeln!(out)?;
         }

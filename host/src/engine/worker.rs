@@ -531,6 +531,7 @@ fn open_ssd(model: &LoadedModel, cfg: &SsdConfig) -> Result<SsdCache, String> {
             kv_heads: config.num_key_value_heads,
             head_dim: config.head_dim(),
             dtype: model.model.dtype(),
+            kinds: model.model.new_cache().kinds(),
         },
     };
     let ssd = SsdCache::open(cfg, identity).map_err(|e| e.to_string())?;

@@ -57,3 +57,25 @@ impl CausalLm for super::Llama {
         super::Llama::parameters(self)
     }
 }
+
+impl CausalLm for super::gemma3::Gemma3 {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn forward(&self, rows: &mut [RowInput<'_>]) -> Result<Vec<Array>> {
+        super::gemma3::Gemma3::forward(self, rows)
+    }
+
+    fn new_cache(&self) -> KvCache {
+        super::gemma3::Gemma3::new_cache(self)
+    }
+
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    fn parameters(&self) -> Vec<&Array> {
+        super::gemma3::Gemma3::parameters(self)
+    }
+}

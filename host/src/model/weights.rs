@@ -1,5 +1,5 @@
 //! Tensor maps in Hugging Face / MLX naming, from GGUF or safetensors, and
-//! assembly of a [`Llama`] from them.
+//! assembly of a model ([`Llama`], [`Gemma3`]) from them.
 //!
 //! GGUF tensor names (ggml's `gguf-py/gguf/tensor_mapping.py`) are renamed to
 //! mlx-lm's (`model.layers.N.self_attn.q_proj`, ...). llama.cpp's converter
@@ -14,8 +14,10 @@ use mlx_rs::{Array, Dtype};
 
 use super::config::{ModelConfig, QuantSpec};
 use super::error::{ModelError, Result};
+use super::gemma3::{Gemma3, Gemma3Layer};
 use super::linear::{Embedding, Linear};
 use super::llama::{Layer, Llama, Projections};
+use crate::cache::LayerKind;
 
 /// Tensors by MLX name (`model.layers.0.self_attn.q_proj.weight`, ...).
 pub type TensorMap = HashMap<String, Array>;
@@ -36,9 +38,11 @@ pub enum ComputeDtype {
     Quantized,
 }
 
-/// Renames one GGUF tensor name to MLX naming; `None` for tensors we ignore
-/// (e.g. `rope_freqs`).
-pub fn gguf_to_mlx_name(name: &str) -> Option<String> {
+/// Renames one GGUF tensor name of architecture `arch` to MLX naming;
+/// `None` for tensors we ignore (e.g. `rope_freqs`). Gemma 3's four norms
+/// per layer follow llama.cpp's `LLM_ARCH_GEMMA3` names (`ffn_norm` is the
+/// norm before the MLP, `post_ffw_norm` the one after it).
+pub fn gguf_to_mlx_name(arch: &str, name: &str) -> Option<String> {
     let (base, suffix) = name.rsplit_once('.')?;
     let mapped = match base {
         "token_embd" => "model.embed_tokens".to_string(),
@@ -58,6 +62,9 @@ pub fn gguf_to_mlx_name(name: &str) -> Option<String> {
                 "attn_norm" => "input_layernorm",
                 "attn_q_norm" => "self_attn.q_norm",
                 "attn_k_norm" => "self_attn.k_norm",
+                "ffn_norm" if super::config::is_gemma3(arch) => "pre_feedforward_layernorm",
+                "post_attention_norm" => "post_attention_layernorm",
+                "post_ffw_norm" => "post_feedforward_layernorm",
                 "ffn_norm" => "post_attention_layernorm",
                 _ => return None,
             };
@@ -121,6 +128,149 @@ fn check_safetensors(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Reads linears and vectors out of a [`TensorMap`] into the layout a
+/// compute path wants (shared by every architecture's builder).
+struct Loader<'a> {
+    tensors: &'a TensorMap,
+    compute: ComputeDtype,
+    /// Activation dtype.
+    act: Dtype,
+    /// Input dtype of MLX's quantized matmul.
+    qdtype: Dtype,
+}
+
+impl<'a> Loader<'a> {
+    fn new(config: &ModelConfig, tensors: &'a TensorMap, compute: ComputeDtype) -> Self {
+        let act = match compute {
+            ComputeDtype::Float32 | ComputeDtype::Quantized => Dtype::Float32,
+            ComputeDtype::Native => native_activation_dtype(config, tensors),
+        };
+        // See `Linear::forward`: MLX's CPU quantized matmul wants float32 inputs.
+        let qdtype = if crate::runtime::gpu_available() {
+            act
+        } else {
+            Dtype::Float32
+        };
+        Loader {
+            tensors,
+            compute,
+            act,
+            qdtype,
+        }
+    }
+
+    /// `{prefix}.weight` (+ scales/biases) as a `[out_dim, in_dim]` linear
+    /// in the compute path's layout.
+    fn linear(&self, prefix: &str, in_dim: usize, out_dim: usize) -> Result<Linear> {
+        let lin = load_linear(self.tensors, prefix, in_dim, out_dim)?;
+        match self.compute {
+            ComputeDtype::Float32 => lin.to_dense(Dtype::Float32),
+            ComputeDtype::Native => lin.cast(self.act, self.qdtype),
+            ComputeDtype::Quantized => match lin.quant_spec() {
+                Some(spec) if super::cpu_quant::supports(spec) => {
+                    lin.cast(Dtype::Float32, Dtype::Float32)
+                }
+                _ => lin.to_dense(Dtype::Float32),
+            },
+        }
+    }
+
+    /// A `[len]` vector in the activation dtype.
+    fn vector(&self, name: &str, len: usize) -> Result<Array> {
+        let a = get(self.tensors, name)?;
+        if a.shape() != [len as i32] {
+            return Err(ModelError::Tensor {
+                name: name.into(),
+                reason: format!("expected shape [{len}], found {:?}", a.shape()),
+            });
+        }
+        Ok(a.as_dtype(self.act)?)
+    }
+
+    /// A Gemma norm's multiplier `1 + w` (`[len]`), computed in float32
+    /// then cast to the activation dtype.
+    fn gemma_norm(&self, name: &str, len: usize) -> Result<Array> {
+        let w = self.vector(name, len)?.as_dtype(Dtype::Float32)?;
+        Ok(mlx_rs::ops::add(&w, Array::from_f32(1.0))?.as_dtype(self.act)?)
+    }
+
+    fn layer_kernel(&self) -> super::cpu_quant::Kernel {
+        match self.compute {
+            ComputeDtype::Quantized => super::cpu_quant::Kernel::for_layers(),
+            _ => super::cpu_quant::Kernel::Float,
+        }
+    }
+}
+
+/// Builds the model `config.model_type` names from MLX-named tensors.
+///
+/// Errors name the missing or malformed tensor.
+pub fn build_model(
+    config: &ModelConfig,
+    tensors: &TensorMap,
+    compute: ComputeDtype,
+) -> Result<Box<dyn super::CausalLm>> {
+    if super::config::is_gemma3(&config.model_type) {
+        Ok(Box::new(build_gemma3(config, tensors, compute)?))
+    } else {
+        Ok(Box::new(build_llama(config, tensors, compute)?))
+    }
+}
+
+/// Builds a [`Gemma3`] from MLX-named tensors (norm weights as Hugging
+/// Face stores them, `w` of `1 + w`).
+///
+/// Errors name the missing or malformed tensor.
+pub fn build_gemma3(
+    config: &ModelConfig,
+    tensors: &TensorMap,
+    compute: ComputeDtype,
+) -> Result<Gemma3> {
+    let c = config;
+    let ld = Loader::new(c, tensors, compute);
+    let hd = c.head_dim();
+    let (h, i) = (c.hidden_size, c.intermediate_size);
+    let (q_out, kv_out) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
+    let mut layers = Vec::with_capacity(c.num_hidden_layers);
+    for l in 0..c.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        let q = ld.linear(&format!("{p}.self_attn.q_proj"), h, q_out)?;
+        let k = ld.linear(&format!("{p}.self_attn.k_proj"), h, kv_out)?;
+        let v = ld.linear(&format!("{p}.self_attn.v_proj"), h, kv_out)?;
+        let gate = ld.linear(&format!("{p}.mlp.gate_proj"), h, i)?;
+        let up = ld.linear(&format!("{p}.mlp.up_proj"), h, i)?;
+        let kind = Gemma3::layer_kind(c, l);
+        layers.push(Gemma3Layer {
+            input_norm: ld.gemma_norm(&format!("{p}.input_layernorm.weight"), h)?,
+            post_attention_norm: ld
+                .gemma_norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+            pre_feedforward_norm: ld
+                .gemma_norm(&format!("{p}.pre_feedforward_layernorm.weight"), h)?,
+            post_feedforward_norm: ld
+                .gemma_norm(&format!("{p}.post_feedforward_layernorm.weight"), h)?,
+            qkv: Projections::new(vec![q, k, v])?,
+            q_norm: ld.gemma_norm(&format!("{p}.self_attn.q_norm.weight"), hd)?,
+            k_norm: ld.gemma_norm(&format!("{p}.self_attn.k_norm.weight"), hd)?,
+            o_proj: ld.linear(&format!("{p}.self_attn.o_proj"), q_out, h)?,
+            gate_up: Projections::new(vec![gate, up])?,
+            down_proj: ld.linear(&format!("{p}.mlp.down_proj"), i, h)?,
+            kind,
+            rope_base: match kind {
+                LayerKind::SlidingWindow { .. } => c.rope_local_base_freq.unwrap_or(10_000.0),
+                LayerKind::Full => c.rope_theta,
+            },
+        });
+    }
+    Ok(Gemma3 {
+        config: c.clone(),
+        embed: Embedding(ld.linear("model.embed_tokens", h, c.vocab_size)?),
+        layers,
+        norm: ld.gemma_norm("model.norm.weight", h)?,
+        dtype: ld.act,
+        layer_kernel: ld.layer_kernel(),
+    })
+}
+
 /// Builds a [`Llama`] from MLX-named tensors.
 ///
 /// Quantization of each linear is inferred from shapes as mlx-lm 0.32 does:
@@ -132,40 +282,11 @@ pub fn build_llama(
     compute: ComputeDtype,
 ) -> Result<Llama> {
     let c = config;
+    let ld = Loader::new(c, tensors, compute);
+    let act = ld.act;
     let hd = c.head_dim();
-    let act = match compute {
-        ComputeDtype::Float32 | ComputeDtype::Quantized => Dtype::Float32,
-        ComputeDtype::Native => native_activation_dtype(c, tensors),
-    };
-    // See `Linear::forward`: MLX's CPU quantized matmul wants float32 inputs.
-    let qdtype = if crate::runtime::gpu_available() {
-        act
-    } else {
-        Dtype::Float32
-    };
-    let linear = |prefix: &str, in_dim: usize, out_dim: usize| -> Result<Linear> {
-        let lin = load_linear(tensors, prefix, in_dim, out_dim)?;
-        match compute {
-            ComputeDtype::Float32 => lin.to_dense(Dtype::Float32),
-            ComputeDtype::Native => lin.cast(act, qdtype),
-            ComputeDtype::Quantized => match lin.quant_spec() {
-                Some(spec) if super::cpu_quant::supports(spec) => {
-                    lin.cast(Dtype::Float32, Dtype::Float32)
-                }
-                _ => lin.to_dense(Dtype::Float32),
-            },
-        }
-    };
-    let vector = |name: &str| -> Result<Array> {
-        let a = get(tensors, name)?;
-        if a.shape() != [c.hidden_size as i32] {
-            return Err(ModelError::Tensor {
-                name: name.into(),
-                reason: format!("expected shape [{}], found {:?}", c.hidden_size, a.shape()),
-            });
-        }
-        Ok(a.as_dtype(act)?)
-    };
+    let linear = |prefix: &str, in_dim: usize, out_dim: usize| ld.linear(prefix, in_dim, out_dim);
+    let vector = |name: &str| ld.vector(name, c.hidden_size);
     let (h, i) = (c.hidden_size, c.intermediate_size);
     let (q_out, kv_out) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
     let mut layers = Vec::with_capacity(c.num_hidden_layers);
@@ -179,16 +300,10 @@ pub fn build_llama(
         let qkv_bias = qkv_bias(tensors, &p, [q_out, kv_out, kv_out], act)?;
         let head_norm = |which: &str| -> Result<Option<Array>> {
             let name = format!("{p}.self_attn.{which}.weight");
-            let Some(a) = tensors.get(&name) else {
+            if !tensors.contains_key(&name) {
                 return Ok(None);
-            };
-            if a.shape() != [hd as i32] {
-                return Err(ModelError::Tensor {
-                    name,
-                    reason: format!("expected shape [{hd}], found {:?}", a.shape()),
-                });
             }
-            Ok(Some(a.as_dtype(act)?))
+            ld.vector(&name, hd).map(Some)
         };
         layers.push(Layer {
             input_norm: vector(&format!("{p}.input_layernorm.weight"))?,
@@ -216,10 +331,7 @@ pub fn build_llama(
         lm_head,
         dtype: act,
         fused_decode: None,
-        layer_kernel: match compute {
-            ComputeDtype::Quantized => super::cpu_quant::Kernel::for_layers(),
-            _ => super::cpu_quant::Kernel::Float,
-        },
+        layer_kernel: ld.layer_kernel(),
     }
     .with_fused_decode())
 }
@@ -330,18 +442,26 @@ mod tests {
     #[test]
     fn renames_gguf_tensors_to_mlx() {
         assert_eq!(
-            gguf_to_mlx_name("blk.3.attn_q.scales").as_deref(),
+            gguf_to_mlx_name("llama", "blk.3.attn_q.scales").as_deref(),
             Some("model.layers.3.self_attn.q_proj.scales")
         );
         assert_eq!(
-            gguf_to_mlx_name("token_embd.weight").as_deref(),
+            gguf_to_mlx_name("llama", "token_embd.weight").as_deref(),
             Some("model.embed_tokens.weight")
         );
         assert_eq!(
-            gguf_to_mlx_name("blk.0.ffn_norm.weight").as_deref(),
+            gguf_to_mlx_name("llama", "blk.0.ffn_norm.weight").as_deref(),
             Some("model.layers.0.post_attention_layernorm.weight")
         );
-        assert_eq!(gguf_to_mlx_name("rope_freqs.weight"), None);
+        assert_eq!(
+            gguf_to_mlx_name("gemma3", "blk.0.ffn_norm.weight").as_deref(),
+            Some("model.layers.0.pre_feedforward_layernorm.weight")
+        );
+        assert_eq!(
+            gguf_to_mlx_name("gemma3", "blk.0.post_ffw_norm.weight").as_deref(),
+            Some("model.layers.0.post_feedforward_layernorm.weight")
+        );
+        assert_eq!(gguf_to_mlx_name("llama", "rope_freqs.weight"), None);
     }
 
     #[test]

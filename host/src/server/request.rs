@@ -423,7 +423,7 @@ fn prompt_ids(
     let messages = match &g.prompt {
         Prompt::Text(text) => {
             let ids = tokenizer
-                .encode(text)
+                .encode_prompt(text)
                 .map_err(|e| bad(Some("prompt"), e.to_string()))?;
             return Ok((ids, text.clone()));
         }

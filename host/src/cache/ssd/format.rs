@@ -1,11 +1,11 @@
-//! The SSD cache file format, version 1: one file per cache entry (the KV
+//! The SSD cache file format, version 2: one file per cache entry (the KV
 //! of one token sequence), laid out so a restore can `mmap` it and hand
 //! each tensor's bytes to MLX without a copy.
 //!
 //! ```text
 //! offset  size  field
 //! 0       8     magic  b"MLXHKV\r\n" (the CR-LF catches text-mode mangling, as PNG's does)
-//! 8       4     format version, u32 little-endian (this build: 1)
+//! 8       4     format version, u32 little-endian (this build writes 2, reads 1 and 2)
 //! 12      4     header length H in bytes, u32 little-endian
 //! 16      16    XXH3-128 of the header bytes, little-endian
 //! 32      H     header: UTF-8 JSON (see [`Header`])
@@ -14,10 +14,11 @@
 //! ```
 //!
 //! The header names the cache key (model fingerprint, KV scheme, tokenizer
-//! hash, namespace), the cache kind (`"full"` today; sliding-window, SSM
-//! state and quantized kinds reuse this container with their own `kind`
-//! and tensor names under a new format version, so older builds never
-//! quarantine what they cannot read), the token ids the KV holds, the file's total
+//! hash, namespace), the cache kind (`"full"`: every layer holds every
+//! position; `"sliding"`, new in version 2: some layers are sliding-window
+//! layers that dropped their oldest positions, `layer_starts` says from
+//! where each layer's tensors start and `resume_from` how short a restore
+//! may trim the entry), the token ids the KV holds, the file's total
 //! length (a truncated file never passes), and per tensor its dtype, shape,
 //! offset, length and XXH3-128 hash. The header is always verified; tensor
 //! hashes only when asked (`--ssd-cache-verify`), since that reads every
@@ -31,8 +32,11 @@ use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
 /// The first eight bytes of every cache file.
 pub const MAGIC: [u8; 8] = *b"MLXHKV\r\n";
-/// The format version this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The format version this build writes.
+pub const VERSION: u32 = 2;
+/// The oldest format version this build still reads (version 1: full
+/// caches only, no `layer_starts`; its files load unchanged).
+pub const OLDEST_READABLE: u32 = 1;
 /// Every tensor starts on a multiple of this: 16 KiB, a page on Apple
 /// Silicon as well as on x86 (4 KiB pages), so a backend that can adopt
 /// page-aligned host memory may use the mapping in place.
@@ -78,10 +82,19 @@ pub struct TensorRecord {
 pub struct Header {
     /// What the KV was computed under.
     pub key: EntryKey,
-    /// Cache kind: `full` (per-layer keys and values `[1, H_kv, T, D]`).
+    /// Cache kind: `full` (per-layer keys and values `[1, H_kv, T, D]`)
+    /// or `sliding` (layer `l`'s are `[1, H_kv, T - layer_starts[l], D]`).
     pub kind: String,
-    /// The token ids whose KV the file holds (`T` of every tensor).
+    /// The token ids whose KV the file holds (`T`).
     pub tokens: Vec<u32>,
+    /// Per layer, the first position its tensors hold (version 2, `sliding`
+    /// kind; absent: all 0).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layer_starts: Vec<u64>,
+    /// The fewest leading tokens a restore may keep (`KvCache::min_resume`;
+    /// version 2; absent: 0, any prefix).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub resume_from: u64,
     /// Milliseconds since the Unix epoch when it was written.
     pub created_unix_ms: u64,
     /// Total file length, bytes.
@@ -98,7 +111,7 @@ pub enum FormatError {
     #[error("not an mlxhost KV cache file (bad magic)")]
     Foreign,
     /// Written by another format version.
-    #[error("format version {found}; this build reads version {VERSION}")]
+    #[error("format version {found}; this build reads versions {OLDEST_READABLE} to {VERSION}")]
     Version {
         /// The version in the file.
         found: u32,
@@ -141,6 +154,22 @@ fn align_up(v: u64) -> u64 {
     v.div_ceil(ALIGN) * ALIGN
 }
 
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// What a cache entry's layers hold beyond their tensors: the kind and,
+/// for sliding-window layers, where each starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EntryLayout {
+    /// `full` or `sliding`.
+    pub kind: String,
+    /// Per layer, the first position held (empty: all 0).
+    pub layer_starts: Vec<u64>,
+    /// The fewest leading tokens a restore may keep.
+    pub resume_from: u64,
+}
+
 /// Writes a complete entry to `out` (the caller renames it into place
 /// after `sync_all`, so a reader never sees a partial file).
 ///
@@ -148,7 +177,7 @@ fn align_up(v: u64) -> u64 {
 pub fn write_entry(
     out: &mut File,
     key: &EntryKey,
-    kind: &str,
+    layout: &EntryLayout,
     tokens: &[u32],
     tensors: &[TensorSource<'_>],
 ) -> std::io::Result<u64> {
@@ -196,8 +225,10 @@ pub fn write_entry(
             .unwrap_or(data_start);
         let header = Header {
             key: key.clone(),
-            kind: kind.to_string(),
+            kind: layout.kind.clone(),
             tokens: tokens.to_vec(),
+            layer_starts: layout.layer_starts.clone(),
+            resume_from: layout.resume_from,
             created_unix_ms,
             file_len,
             tensors: records,
@@ -262,7 +293,7 @@ pub fn read_header(file: &File) -> Result<Header, FormatError> {
         return Err(FormatError::Foreign);
     }
     let version = u32::from_le_bytes([prefix[8], prefix[9], prefix[10], prefix[11]]);
-    if version != VERSION {
+    if !(OLDEST_READABLE..=VERSION).contains(&version) {
         return Err(FormatError::Version { found: version });
     }
     let header_len = u32::from_le_bytes([prefix[12], prefix[13], prefix[14], prefix[15]]);
@@ -372,7 +403,11 @@ mod tests {
                 runs: vec![&data],
             },
         ];
-        write_entry(&mut f, &key(), "full", &[1, 2, 3, 4, 5], &sources).unwrap();
+        let layout = EntryLayout {
+            kind: "full".into(),
+            ..EntryLayout::default()
+        };
+        write_entry(&mut f, &key(), &layout, &[1, 2, 3, 4, 5], &sources).unwrap();
         (path, data)
     }
 
@@ -391,6 +426,24 @@ mod tests {
             assert_eq!(got, &data[..]);
             verify_tensor(t, got).unwrap();
         }
+    }
+
+    #[test]
+    fn version_1_files_still_read_and_version_0_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, _) = write_sample(dir.path());
+        let set_version = |v: u32| {
+            let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.seek(SeekFrom::Start(8)).unwrap();
+            f.write_all(&v.to_le_bytes()).unwrap();
+        };
+        // A version-1 file is this layout without `layer_starts`.
+        set_version(1);
+        let h = read_header(&File::open(&path).unwrap()).unwrap();
+        assert!(h.layer_starts.is_empty() && h.resume_from == 0);
+        set_version(0);
+        let r = read_header(&File::open(&path).unwrap());
+        assert!(matches!(r, Err(FormatError::Version { found: 0 })));
     }
 
     #[test]
@@ -445,11 +498,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (path, _) = write_sample(dir.path());
         let mut bytes = std::fs::read(&path).unwrap();
-        bytes[8] = 2;
+        bytes[8] = 3;
         std::fs::write(&path, &bytes).unwrap();
         assert!(matches!(
             read_header(&File::open(&path).unwrap()),
-            Err(FormatError::Version { found: 2 })
+            Err(FormatError::Version { found: 3 })
         ));
         std::fs::write(&path, b"GGUF and then some other bytes, not ours at all").unwrap();
         assert!(matches!(

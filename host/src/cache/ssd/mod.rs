@@ -221,7 +221,8 @@ impl SsdCache {
         EntryKey {
             model: self.identity.model.clone(),
             kv_scheme: format!(
-                "full/{dtype}/{}/mlxhost-{}",
+                "{}/{dtype}/{}/mlxhost-{}",
+                self.identity.geometry.kinds_scheme(),
                 crate::runtime::backend_name(),
                 env!("CARGO_PKG_VERSION")
             ),
@@ -326,13 +327,19 @@ impl SsdCache {
         {
             return Ok(());
         }
-        let names = restore::tensor_names(self.identity.geometry.layers);
+        let geometry = &self.identity.geometry;
+        if kv.kinds() != geometry.kinds {
+            return Ok(());
+        }
+        let names = restore::tensor_names(geometry.layers);
         let buffers = kv.layer_buffers();
         let mut tensors = Vec::with_capacity(names.len());
         for (layer, buf) in buffers.iter().enumerate() {
             let Some((k, v)) = buf else { return Ok(()) };
+            // Slot 0 holds position `layer_start`: the valid slots come first.
+            let held = n - kv.layer_start(layer);
             for (name, a) in [(&names[2 * layer], *k), (&names[2 * layer + 1], *v)] {
-                tensors.push(prepare(name, a, n)?);
+                tensors.push(prepare(name, a, held)?);
             }
         }
         let dtype = restore::dtype_name(self.identity.geometry.dtype).unwrap_or("?");
@@ -350,7 +357,7 @@ impl SsdCache {
         self.writer.submit(WriteJob {
             key,
             digest,
-            kind: "full".into(),
+            layout: geometry.layout_of(kv),
             tokens: tokens.to_vec(),
             tensors,
         });

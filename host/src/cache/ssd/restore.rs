@@ -14,12 +14,12 @@ use std::sync::Arc;
 use memmap2::{MmapMut, MmapOptions};
 use mlx_rs::{Array, Dtype};
 
-use super::format::{self, EntryKey, FormatError, Header};
-use crate::cache::KvCache;
+use super::format::{self, EntryKey, EntryLayout, FormatError, Header};
+use crate::cache::{KvCache, LayerKind};
 
 /// The KV layout the running model expects (every restored tensor is
 /// checked against it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvGeometry {
     /// Transformer layers.
     pub layers: usize,
@@ -29,6 +29,53 @@ pub struct KvGeometry {
     pub head_dim: usize,
     /// KV dtype (the activation dtype).
     pub dtype: Dtype,
+    /// Each layer's cache kind (`layers` entries).
+    pub kinds: Vec<LayerKind>,
+}
+
+impl KvGeometry {
+    /// The cache kind's name in the file: `full` when every layer is,
+    /// else `sliding`.
+    pub fn kind_name(&self) -> &'static str {
+        if self.kinds.iter().all(|k| *k == LayerKind::Full) {
+            "full"
+        } else {
+            "sliding"
+        }
+    }
+
+    /// The layers' kinds for the KV-scheme part of the cache key: `full`,
+    /// or each run of equal kinds as `<kind>*<count>` joined by `,`.
+    pub fn kinds_scheme(&self) -> String {
+        if self.kind_name() == "full" {
+            return "full".into();
+        }
+        let mut runs: Vec<(LayerKind, usize)> = Vec::new();
+        for &k in &self.kinds {
+            match runs.last_mut() {
+                Some((last, n)) if *last == k => *n += 1,
+                _ => runs.push((k, 1)),
+            }
+        }
+        runs.iter()
+            .map(|(k, n)| format!("{}*{n}", k.name()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// What the file records of `kv`'s layers beyond its tensors.
+    pub fn layout_of(&self, kv: &KvCache) -> EntryLayout {
+        let sliding = self.kind_name() != "full";
+        EntryLayout {
+            kind: self.kind_name().into(),
+            layer_starts: if sliding {
+                (0..self.layers).map(|l| kv.layer_start(l) as u64).collect()
+            } else {
+                Vec::new()
+            },
+            resume_from: kv.min_resume() as u64,
+        }
+    }
 }
 
 /// The dtype's name in the file format.
@@ -176,7 +223,21 @@ pub fn load(
     while let (Some(k), Some(v)) = (arrays.next(), arrays.next()) {
         layers.push((k, v));
     }
-    Ok((KvCache::from_layers(layers, n), header.tokens))
+    let starts = layer_starts(&header, geometry.layers);
+    Ok((
+        KvCache::from_parts(layers, &geometry.kinds, &starts, n),
+        header.tokens,
+    ))
+}
+
+/// Per layer, the first position the entry holds (0 without
+/// `layer_starts`: version 1 and full caches).
+fn layer_starts(header: &Header, layers: usize) -> Vec<usize> {
+    if header.layer_starts.is_empty() {
+        vec![0; layers]
+    } else {
+        header.layer_starts.iter().map(|&s| s as usize).collect()
+    }
 }
 
 /// The header must describe exactly the cache the model would build.
@@ -190,23 +251,44 @@ fn check_layout(
             "its key does not match the running model".into(),
         ));
     }
-    if header.kind != "full" {
+    if header.kind != geometry.kind_name() {
         return Err(FormatError::Corrupt(format!(
-            "cache kind {:?} is not the model's (full)",
-            header.kind
+            "cache kind {:?} is not the model's ({})",
+            header.kind,
+            geometry.kind_name()
         )));
     }
     let names = tensor_names(geometry.layers);
     let dtype = dtype_name(geometry.dtype).unwrap_or("?");
     let n = header.tokens.len() as u64;
-    let shape = [1, geometry.kv_heads as u64, n, geometry.head_dim as u64];
+    let starts_ok = header.layer_starts.is_empty()
+        || (header.layer_starts.len() == geometry.layers
+            && header.layer_starts.iter().all(|&s| s < n));
+    let starts = if starts_ok {
+        layer_starts(header, geometry.layers)
+    } else {
+        vec![0; geometry.layers]
+    };
+    // A layer that dropped positions must be a sliding-window layer, and
+    // the resume point must cover what it dropped.
+    let kinds_ok = starts.iter().zip(&geometry.kinds).all(|(&s, k)| {
+        s == 0 || matches!(k, LayerKind::SlidingWindow { window } if header.resume_from as usize >= s + window - 1)
+    });
     let ok = n > 0
+        && starts_ok
+        && kinds_ok
+        && header.resume_from <= n
         && header.tensors.len() == names.len()
         && header
             .tensors
             .iter()
             .zip(&names)
-            .all(|(t, name)| &t.name == name && t.dtype == dtype && t.shape == shape);
+            .enumerate()
+            .all(|(i, (t, name))| {
+                let held = n - starts[i / 2] as u64;
+                let shape = [1, geometry.kv_heads as u64, held, geometry.head_dim as u64];
+                &t.name == name && t.dtype == dtype && t.shape == shape
+            });
     if ok {
         Ok(())
     } else {

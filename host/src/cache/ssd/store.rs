@@ -42,6 +42,9 @@ pub struct StoredEntry {
     pub digest: String,
     /// The token ids its KV holds.
     pub tokens: Arc<[u32]>,
+    /// The fewest leading tokens a restore may keep (sliding-window
+    /// layers; 0: any prefix).
+    pub resume_from: usize,
     /// File length, bytes.
     pub bytes: u64,
     /// Last write or restore (LRU order).
@@ -305,7 +308,7 @@ impl Store {
             .iter()
             .filter(|e| e.digest == digest)
             .map(|e| (common_prefix(&e.tokens, prompt).min(limit), e))
-            .filter(|(n, _)| *n > 0)
+            .filter(|(n, e)| *n > 0 && *n >= e.resume_from)
             .max_by_key(|(n, e)| (*n, e.last_used))
             .map(|(n, e)| (n, e.clone()))
     }
@@ -364,6 +367,7 @@ impl Store {
         path: PathBuf,
         digest: &str,
         tokens: Vec<u32>,
+        resume_from: usize,
         bytes: u64,
     ) -> Vec<PathBuf> {
         let tokens: Arc<[u32]> = tokens.into();
@@ -379,6 +383,7 @@ impl Store {
             path,
             digest: digest.to_string(),
             tokens,
+            resume_from,
             bytes,
             last_used: SystemTime::now(),
         });
@@ -521,6 +526,7 @@ fn read_entry(path: &Path, digest: &str) -> Result<StoredEntry, FormatError> {
         path: path.to_path_buf(),
         digest: digest.to_string(),
         tokens: header.tokens.into(),
+        resume_from: header.resume_from as usize,
         bytes: meta.len(),
         last_used: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
     })

@@ -7,7 +7,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 
 use super::*;
-use crate::cache::{PrefixCache, PromptCache};
+use crate::cache::{LayerKind, PrefixCache, PromptCache};
 
 const LAYERS: usize = 2;
 const HEADS: usize = 2;
@@ -21,6 +21,7 @@ fn identity(model: &str, tokenizer: &str, head_dim: usize) -> ModelIdentity {
             kv_heads: HEADS,
             head_dim,
             dtype: Dtype::Float32,
+            kinds: vec![crate::cache::LayerKind::Full; LAYERS],
         },
     }
 }
@@ -580,4 +581,78 @@ fn an_entry_larger_than_the_cap_is_not_written() {
     let s = ssd.stats_handle("ns").stats();
     assert_eq!((s.writes, s.entries, s.evictions), (1, 1, 0));
     assert!(ssd.restore("ns", &small).is_some());
+}
+
+/// A cache whose layer 0 is a sliding-window layer (window `w`) and layer 1
+/// full, fed `tokens` one at a time (so the window layer drops positions);
+/// each position's values are `value(token, ...)` as in [`kv_for`].
+fn windowed_kv_for(tokens: &[u32], w: usize, head_dim: usize) -> KvCache {
+    let kinds = [LayerKind::SlidingWindow { window: w }, LayerKind::Full];
+    let mut kv = KvCache::with_kinds(&kinds);
+    let shape = [1, HEADS as i32, 1, head_dim as i32];
+    for t in tokens {
+        for layer in 0..LAYERS {
+            let k = Array::from_slice(&tensor(&[*t], layer, 0, head_dim), &shape);
+            let v = Array::from_slice(&tensor(&[*t], layer, 1, head_dim), &shape);
+            kv.update(layer, &k, &v).unwrap();
+        }
+        kv.advance(1);
+    }
+    kv
+}
+
+#[test]
+fn a_sliding_window_entry_restores_what_its_layers_kept_and_trims_only_within_its_margin() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = 16;
+    let kinds = vec![LayerKind::SlidingWindow { window: w }, LayerKind::Full];
+    let windowed = |model: &str| ModelIdentity {
+        geometry: KvGeometry {
+            kinds: kinds.clone(),
+            ..identity(model, "t", 8).geometry
+        },
+        ..identity(model, "t", 8)
+    };
+    let n = KvCache::ROLLBACK + 3 * KvCache::STEP + 40;
+    let tokens = seq(5, n);
+    let kv = windowed_kv_for(&tokens, w, 8);
+    let start = kv.layer_start(0);
+    let min = kv.min_resume();
+    assert!(start > 0 && min < n);
+    {
+        let ssd = open(dir.path(), windowed("m"), BIG, false);
+        ssd.submit("ns", &tokens, &kv).unwrap();
+        assert!(ssd.flush(Duration::from_secs(30)));
+    }
+    let ssd = open(dir.path(), windowed("m"), BIG, true);
+    // Resent with one more token: everything restored; the window layer
+    // holds exactly its kept positions, the full layer all of them.
+    let mut prompt = tokens.clone();
+    prompt.push(9);
+    let r = ssd.restore("ns", &prompt).unwrap();
+    assert_eq!(r.reused, n);
+    assert_eq!((r.kv.layer_start(0), r.kv.layer_start(1)), (start, 0));
+    let buffers = r.kv.layer_buffers();
+    let (k0, _) = buffers[0].unwrap();
+    let got = k0
+        .index((.., .., ..(n - start) as i32, ..))
+        .contiguous()
+        .unwrap();
+    assert_eq!(
+        got.as_slice::<f32>(),
+        &tensor(&tokens[start..], 0, 0, 8)[..]
+    );
+    // A prefix inside the rollback margin is a hit; one further back is not
+    // (the window layer no longer holds what it would need).
+    let mut inside = tokens[..min + 2].to_vec();
+    inside.extend([7, 7]);
+    assert_eq!(ssd.peek("ns", &inside), min + 2);
+    let mut outside = tokens[..min - 1].to_vec();
+    outside.extend([7, 7]);
+    assert_eq!(ssd.peek("ns", &outside), 0);
+    assert!(ssd.restore("ns", &outside).is_none());
+    // A model whose layers are all full never reads the entry.
+    drop(ssd);
+    let full = open(dir.path(), identity("m", "t", 8), BIG, false);
+    assert_eq!(full.peek("ns", &prompt), 0);
 }

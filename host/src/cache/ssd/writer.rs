@@ -36,8 +36,8 @@ pub struct WriteJob {
     pub key: EntryKey,
     /// The key's digest (directory name).
     pub digest: String,
-    /// Cache kind (`full`).
-    pub kind: String,
+    /// Cache kind and per-layer starts.
+    pub layout: super::format::EntryLayout,
     /// The token ids the KV holds.
     pub tokens: Vec<u32>,
     /// The tensors, in file order.
@@ -278,7 +278,7 @@ fn write_one(store: &Mutex<Store>, job: WriteJob) {
     let written = format::write_entry(
         &mut pending.file,
         &job.key,
-        &job.kind,
+        &job.layout,
         &job.tokens,
         &sources,
     );
@@ -294,7 +294,13 @@ fn write_one(store: &Mutex<Store>, job: WriteJob) {
         let victims = store
             .lock()
             .map_err(|_| std::io::Error::other("the SSD cache index is poisoned"))?
-            .commit(path, &job.digest, job.tokens.clone(), bytes);
+            .commit(
+                path,
+                &job.digest,
+                job.tokens.clone(),
+                job.layout.resume_from as usize,
+                bytes,
+            );
         store::remove_files(&victims);
         Ok(())
     });
