@@ -33,9 +33,13 @@ from mlx_lm.utils import load_model
 
 
 def dequantized(q):
-    """The float32 dense weight of a quantized layer."""
-    return mx.dequantize(q.weight, q.scales, q.get("biases"), group_size=q.group_size,
-                         bits=q.bits, mode=q.mode).astype(mx.float32)
+    """The float32 dense weight of a quantized layer: scales and biases are cast to float32 first,
+    since mx.dequantize returns the scales' dtype (float16 scales would round every weight)."""
+    biases = q.get("biases")
+    if biases is not None:
+        biases = biases.astype(mx.float32)
+    return mx.dequantize(q.weight, q.scales.astype(mx.float32), biases,
+                         group_size=q.group_size, bits=q.bits, mode=q.mode)
 
 
 def to_float32(model):
@@ -74,6 +78,7 @@ def main():
         logits = model(ids, cache=make_prompt_cache(model))[0]
         assert logits.dtype == mx.float32, logits.dtype
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        mx.eval(logprobs)
         steps = []
         for i, tok in enumerate(cont):
             lp = logprobs[len(prompt) - 1 + i]

@@ -69,15 +69,20 @@ def test_greedy_text_equals_llama_cpp_up_to_the_first_near_tie(gemma, index):
     assert body["choices"][0]["text"].startswith(case["greedy_prefix_texts"][k - 1])
 
 
-def test_a_long_conversation_resent_with_one_more_turn_reuses_its_prefix(gemma):
+def test_a_long_conversation_resent_with_one_more_turn_reuses_its_prefix():
     assert len(LONG["prompt_ids"]) > 600
-    with gemma.http() as c:
-        first = complete(c, LONG["prompt_text"])
-        assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-        resent = LONG["prompt_text"] + first["choices"][0]["text"] + TURN
-        warm = complete(c, resent)
-        cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]
-        assert cached >= len(LONG["prompt_ids"]), warm["usage"]
+    s = Server("--model", "gemma3-270m")
+    try:
+        with s.http() as c:
+            first = complete(c, LONG["prompt_text"])
+            assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+            resent = LONG["prompt_text"] + first["choices"][0]["text"] + TURN
+            warm = complete(c, resent)
+            cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]
+            assert cached >= len(LONG["prompt_ids"]), warm["usage"]
+            assert c.get("/stats").json()["prompt_cache"]["hits"] == 1
+    finally:
+        s.stop()
     # A cold server gives the same tokens for the resent conversation.
     cold_server = Server("--model", "gemma3-270m", "--prompt-cache", "0")
     try:
