@@ -190,7 +190,8 @@ impl PromptCache {
     }
 
     /// Stores the KV of `tokens` (exactly the positions `kv` holds). Entries
-    /// that are a prefix of `tokens` are replaced (this one covers them);
+    /// that are a prefix of `tokens` are replaced (this one covers them,
+    /// when it can be trimmed back to them);
     /// then the least recently used go until the cap holds. Returns the
     /// entry when it was not stored (the cache is disabled, or the entry is
     /// larger than the whole cap), so another tier can take it.
@@ -207,10 +208,13 @@ impl PromptCache {
             });
         }
         self.clock += 1;
+        // A sliding-window entry covers a shorter one only if it can still
+        // be trimmed back to it.
         self.entries.retain(|e| {
             !(e.namespace == namespace
                 && e.tokens.len() <= tokens.len()
-                && tokens[..e.tokens.len()] == e.tokens[..])
+                && tokens[..e.tokens.len()] == e.tokens[..]
+                && kv.reusable(e.tokens.len()) == e.tokens.len())
         });
         self.entries.push(Entry {
             namespace: namespace.to_string(),
@@ -308,6 +312,40 @@ mod tests {
         // A longer conversation replaces the entry it extends.
         cache.insert("n", vec![3, 3, 3, 4], kv(4));
         assert_eq!(cache.stats().entries, 2);
+    }
+
+    /// A one-layer sliding-window cache (window 4) of `n` positions, fed one
+    /// token at a time.
+    fn windowed(n: usize) -> KvCache {
+        let mut c = KvCache::with_kinds(&[crate::cache::LayerKind::SlidingWindow { window: 4 }]);
+        let k = ops::ones::<f32>(&[1, 1, 1, 4]).unwrap();
+        for _ in 0..n {
+            c.update(0, &k, &k).unwrap();
+            c.advance(1);
+        }
+        c
+    }
+
+    #[test]
+    fn a_sliding_window_entry_is_reused_only_within_its_rollback_margin() {
+        let n = 2 * KvCache::STEP + KvCache::ROLLBACK + 10;
+        let tokens: Vec<u32> = (0..n as u32).collect();
+        let short = tokens[..20].to_vec();
+        let mut cache = PromptCache::new(1 << 30);
+        cache.insert("n", short.clone(), windowed(20));
+        cache.insert("n", tokens.clone(), windowed(n));
+        // The long entry cannot be trimmed back to 20 tokens: the short one stays.
+        assert_eq!(cache.stats().entries, 2);
+        let min = windowed(n).min_resume();
+        let mut near = tokens[..min + 1].to_vec();
+        near.push(9999);
+        assert_eq!(cache.peek("n", &near), min + 1);
+        let mut far = tokens[..min - 1].to_vec();
+        far.push(9999);
+        // Too far back for the long entry; the short one still serves 20.
+        assert_eq!(cache.peek("n", &far), 20);
+        let r = cache.lookup("n", &far).unwrap();
+        assert_eq!((r.reused, r.kv.offset()), (20, 20));
     }
 
     #[test]

@@ -314,11 +314,11 @@ impl Store {
     }
 
     /// Whether an entry under `digest` already holds `tokens` (or a longer
-    /// sequence starting with them).
+    /// sequence starting with them that can be trimmed back to them).
     pub fn covers(&self, digest: &str, tokens: &[u32]) -> bool {
-        self.entries
-            .iter()
-            .any(|e| e.digest == digest && e.tokens.starts_with(tokens))
+        self.entries.iter().any(|e| {
+            e.digest == digest && e.tokens.starts_with(tokens) && e.resume_from <= tokens.len()
+        })
     }
 
     /// Marks `path` used now (LRU), in the index and on disk.
@@ -374,7 +374,13 @@ impl Store {
         let mut victims: Vec<PathBuf> = self
             .entries
             .iter()
-            .filter(|e| e.digest == digest && tokens.starts_with(&e.tokens) && e.path != path)
+            .filter(|e| {
+                e.digest == digest
+                    && tokens.starts_with(&e.tokens)
+                    && e.path != path
+                    // Covered only if the new entry can be trimmed back to it.
+                    && resume_from <= e.tokens.len()
+            })
             .map(|e| e.path.clone())
             .collect();
         self.entries
