@@ -10,7 +10,8 @@ float32 path come from the model code, not from quantized kernels or float16 rou
 Each row is teacher-forced in ONE forward pass over prompt + continuation, with a fresh cache from
 mlx_lm.models.cache.make_prompt_cache(model) (so the model builds its own masks, e.g. Gemma 3's
 sliding-window mask). log_softmax in float32 at positions len(prompt)-1 .. len-2 scores each
-continuation token.
+continuation token; only those rows go through the LM head (ScoredRows), which is what makes a
+long prompt affordable on the CPU backend.
 
 Only the weights and config are loaded (mlx_lm.utils.load_model): no tokenizer is needed, and
 mlx_lm.load's tokenizer step (transformers' AutoConfig validation) is not exercised here.
@@ -66,22 +67,40 @@ def to_float32(model):
     return model
 
 
+class ScoredRows(nn.Module):
+    """Wraps the backbone's final norm so that only the rows being scored go on to the LM head
+    (the head is a 262144-wide float32 matmul, by far the slowest op on mlx's CPU backend). The
+    rows are computed exactly as before; the head and anything after it just see fewer of them."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.norm = norm
+        self.rows = slice(None)
+
+    def __call__(self, x):
+        return self.norm(x)[:, self.rows]
+
+
 def main():
     model, _ = load_model(Path(sys.argv[1]))
     to_float32(model)
+    rows = ScoredRows(model.model.norm)
+    model.model.norm = rows
     for line in sys.stdin:
         if not line.strip():
             continue
         row = json.loads(line)
         prompt, cont = row["prompt_ids"], row["continuation_ids"]
         ids = mx.array([prompt + cont])
+        rows.rows = slice(len(prompt) - 1, len(prompt) + len(cont) - 1)
         logits = model(ids, cache=make_prompt_cache(model))[0]
         assert logits.dtype == mx.float32, logits.dtype
+        assert logits.shape[0] == len(cont), logits.shape
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         mx.eval(logprobs)
         steps = []
         for i, tok in enumerate(cont):
-            lp = logprobs[len(prompt) - 1 + i]
+            lp = logprobs[i]
             top = mx.argsort(-lp)[:5].tolist()
             steps.append({"token": tok, "logprob": lp[tok].item(),
                           "top": [[t, lp[t].item()] for t in top]})

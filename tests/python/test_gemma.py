@@ -120,3 +120,21 @@ def test_the_ssd_tier_restores_a_long_gemma_conversation_after_a_restart(tmp_pat
             same_tokens(complete(c, resent), warm)
     finally:
         cold.stop()
+
+
+def test_concurrent_requests_equal_their_solo_answers(gemma):
+    """The long prompt is prefilled in chunks beside the short ones' decode steps."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [c["prompt_text"] for c in FIXTURE["cases"]]
+    with gemma.http() as c:
+        solo = [complete(c, p, n=16) for p in prompts]
+
+    def one(p):
+        with gemma.http() as c:
+            return complete(c, p, n=16)
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(one, prompts))
+    for a, b in zip(solo, together):
+        same_tokens(a, b)
