@@ -63,14 +63,92 @@ fn prompts_tokenize_as_llama_cpp_with_bos_first() {
     }
 }
 
+/// llama.cpp's own distance to the exact float32 computation on Gemma 3:
+/// mlx-lm 0.32.2 in float32 on the GGUF's exactly decoded weights differs
+/// from llama.cpp's top-token logprobs by up to 0.244 nats on the fixture
+/// (0.140 / 0.131 / 0.244 per case; its 8-bit activations through 18 layers
+/// with four norms each), while our float32 path differs from that mlx-lm
+/// run by at most 5e-5 (docs/models.md). The bound is llama.cpp's error,
+/// not ours; `float32_path_equals_mlx_lm_on_the_converted_directory`
+/// checks ours.
+const GEMMA_LLAMA_CPP_TOL: f32 = 0.3;
+
 #[test]
-fn float32_path_top_token_within_0_15_nats_of_llama_cpp() {
-    top_token_gap_to_llama_cpp(&gemma_path(), &fixture(), "float32");
+fn float32_path_top_token_close_to_llama_cpp() {
+    top_token_gap_to_llama_cpp(&gemma_path(), &fixture(), "float32", GEMMA_LLAMA_CPP_TOL);
 }
 
 #[test]
-fn default_quantized_path_top_token_within_0_15_nats_of_llama_cpp() {
-    top_token_gap_to_llama_cpp(&gemma_path(), &fixture(), "auto");
+fn default_quantized_path_top_token_close_to_llama_cpp() {
+    top_token_gap_to_llama_cpp(&gemma_path(), &fixture(), "auto", GEMMA_LLAMA_CPP_TOL);
+}
+
+/// `mlxhost convert` writes a directory mlx-lm loads; on it, our float32
+/// path equals mlx-lm 0.32.2 run in float32 (its own gemma3_text.py:
+/// sliding-window mask, norms, RoPE bases, embedding scale) within 2e-3
+/// nats at every step of every case, the 667-token one past the window
+/// included (fixture: benches/mlx_lm_score_f32.py on that directory).
+#[test]
+fn float32_path_equals_mlx_lm_on_the_converted_directory() {
+    let reference = model_fixture("gemma3-270m.mlx-lm-f32.json");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("gemma3-mlx");
+    let gguf = gemma_path();
+    mlxhost_ok(&[
+        "convert",
+        gguf.to_str().expect("path"),
+        out.to_str().expect("path"),
+    ]);
+    let cases = reference["cases"].as_array().expect("cases");
+    let rows: Vec<(Vec<u32>, Vec<u32>)> = cases
+        .iter()
+        .map(|c| {
+            (
+                fixture_ids(&c["prompt_ids"]),
+                fixture_ids(&c["continuation_ids"]),
+            )
+        })
+        .collect();
+    let input = score_input(&rows);
+    let ours = parse_score(&mlxhost_ok(&[
+        "score",
+        "--model",
+        out.to_str().expect("path"),
+        "--dtype",
+        "float32",
+        "--input",
+        input.path().to_str().expect("path"),
+    ]));
+    let mut worst = 0f32;
+    for (c, (case, mine)) in cases.iter().zip(&ours).enumerate() {
+        let steps = case["steps"].as_array().expect("steps");
+        assert_eq!(steps.len(), mine.steps.len());
+        for (s, (theirs, mine)) in steps.iter().zip(&mine.steps).enumerate() {
+            let theirs: Vec<(u32, f32)> = theirs["top"]
+                .as_array()
+                .expect("top")
+                .iter()
+                .map(|t| {
+                    (
+                        t[0].as_u64().expect("id") as u32,
+                        t[1].as_f64().expect("lp") as f32,
+                    )
+                })
+                .collect();
+            for (id, lp) in &theirs {
+                if let Some((_, ours_lp)) = mine.top.iter().find(|t| t.0 == *id) {
+                    let gap = (ours_lp - lp).abs();
+                    assert!(
+                        gap < 2e-3,
+                        "case {c} step {s}: token {id} ours {ours_lp}, mlx-lm {lp}"
+                    );
+                    worst = worst.max(gap);
+                }
+            }
+            assert_eq!(mine.top[0].0, theirs[0].0, "case {c} step {s}: top token");
+        }
+    }
+    eprintln!("float32 on the converted directory vs mlx-lm: largest gap {worst:.6} nats");
 }
 
 /// The long case (over 600 tokens, past the 512-token window) scored in

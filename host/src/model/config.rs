@@ -78,7 +78,13 @@ pub struct ModelConfig {
     pub quantization: Option<serde_json::Value>,
     /// Gemma 3: queries are scaled by `query_pre_attn_scalar^-0.5` (not
     /// `head_dim^-0.5`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Written as an integer when whole: transformers 5 validates it as
+    /// an `int` and refuses `256.0` (mlx-lm's `load` goes through it).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "integral_if_whole"
+    )]
     pub query_pre_attn_scalar: Option<f32>,
     /// Gemma 3: keys a sliding-window layer's query sees, in tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -98,6 +104,15 @@ pub struct ModelConfig {
 fn shortest_f32<S: serde::Serializer>(v: &f32, s: S) -> Result<S::Ok, S::Error> {
     let text = format!("{v}");
     s.serialize_f64(text.parse::<f64>().unwrap_or(*v as f64))
+}
+
+/// Writes a whole number as a JSON integer (`256`), else as a float.
+fn integral_if_whole<S: serde::Serializer>(v: &Option<f32>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(x) if x.fract() == 0.0 && x.abs() < 1e15 => s.serialize_i64(*x as i64),
+        Some(x) => s.serialize_f64(*x as f64),
+        None => s.serialize_none(),
+    }
 }
 
 fn default_rope_theta() -> f32 {
@@ -192,6 +207,18 @@ mod tests {
             vec![2, 0]
         );
         assert!(eos_ids_from_json(None).is_empty());
+    }
+
+    #[test]
+    fn gemma_query_scalar_is_written_as_an_integer() {
+        let c: ModelConfig = serde_json::from_value(serde_json::json!({
+            "model_type": "gemma3_text", "hidden_size": 8, "num_hidden_layers": 1,
+            "intermediate_size": 16, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "rms_norm_eps": 1e-6, "vocab_size": 10, "query_pre_attn_scalar": 256
+        }))
+        .expect("valid config");
+        let v = serde_json::to_value(&c).expect("serializes");
+        assert_eq!(v["query_pre_attn_scalar"], serde_json::json!(256));
     }
 
     #[test]

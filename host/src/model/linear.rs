@@ -93,7 +93,9 @@ impl Linear {
         })
     }
 
-    /// The weight as a dense `[out, in]` array (dequantized when needed).
+    /// The weight as a dense `[out, in]` array (dequantized when needed,
+    /// in float32: `ops::dequantize` computes in the scales' dtype, and
+    /// float16 scales would round every weight to float16).
     pub fn dense_weight(&self) -> Result<Array> {
         Ok(match self {
             Linear::Dense { weight_t } => weight_t.t(),
@@ -102,7 +104,13 @@ impl Linear {
                 scales,
                 biases,
                 spec,
-            } => ops::dequantize(weight, scales, biases, spec.group_size, spec.bits)?,
+            } => ops::dequantize(
+                weight,
+                scales.as_dtype(Dtype::Float32)?,
+                &biases.as_dtype(Dtype::Float32)?,
+                spec.group_size,
+                spec.bits,
+            )?,
         })
     }
 
