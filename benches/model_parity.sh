@@ -3,15 +3,19 @@
 # teacher-forced top-5 logprobs on the fixture's prompts and llama.cpp's greedy continuations
 # (tests/fixtures/models/NAME.llama-cpp.json), mlxhost's `--dtype native` on the directory vs
 # mlx-lm on the same directory. Prints the largest differences (chosen token, shared top-5).
-#   benches/model_parity.sh [NAME]        # default qwen2.5-coder-0.5b; CASES=1 (fixture case
-#                                         # indices, comma-separated)
+#   benches/model_parity.sh [NAME]        # qwen2.5-coder-0.5b (default) or gemma3-270m;
+#                                         # CASES=1 (fixture case indices, comma-separated)
 # mlx-lm's CPU quantized matmul is slow here (~13 minutes for case 1's 33 tokens on 2 cores),
 # hence one case by default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/side_by_side.sh
 NAME="${1:-qwen2.5-coder-0.5b}"
-FIXTURE=tests/fixtures/models/qwen2.5-coder-0.5b-instruct.llama-cpp.json
+case "$NAME" in
+  qwen2.5-coder-0.5b) FIXTURE=tests/fixtures/models/qwen2.5-coder-0.5b-instruct.llama-cpp.json ;;
+  gemma3-270m) FIXTURE=tests/fixtures/models/gemma3-270m.llama-cpp.json ;;
+  *) echo "model_parity: no llama.cpp fixture for $NAME" >&2; exit 2 ;;
+esac
 GGUF=$("$BIN" models pull "$NAME")
 DIR="$CACHE/models/$NAME-mlx"
 [ -f "$DIR/model.safetensors" ] || "$BIN" convert "$GGUF" "$DIR"
