@@ -83,7 +83,7 @@ impl Gemma3 {
     pub fn layer_kind(config: &ModelConfig, l: usize) -> LayerKind {
         let pattern = config.sliding_window_pattern.unwrap_or(6).max(1);
         match config.sliding_window {
-            Some(window) if (l + 1) % pattern != 0 => LayerKind::SlidingWindow { window },
+            Some(window) if !(l + 1).is_multiple_of(pattern) => LayerKind::SlidingWindow { window },
             _ => LayerKind::Full,
         }
     }
