@@ -219,3 +219,30 @@ fn converted_directory_scores_like_the_gguf() {
     // <|im_end|> declared, <|endoftext|> collected as llama.cpp does.
     assert_eq!(loaded.eos_ids, vec![2, 0]);
 }
+
+/// SmolLM2's GGUF tokenizer (byte-level BPE, `smollm` pre-tokenizer)
+/// equals llama.cpp's on the corpus (tests/fixtures/models/
+/// smollm2-135m.llama-cpp.json, benches/make_model_fixtures.py): unicode,
+/// emoji, digits, runs of spaces and newlines, special tokens.
+#[test]
+fn tokenization_equals_llama_cpp_on_the_corpus() {
+    let tok = mlxhost::model::load_tokenizer(&model_path()).expect("tokenizer");
+    let fx = llama_cpp_fixture("smollm2-135m");
+    let corpus = fx["tokenize"].as_array().expect("corpus");
+    assert!(corpus.len() >= 10);
+    for case in corpus {
+        let text = case["text"].as_str().expect("text");
+        let want = fixture_ids(&case["ids"]);
+        assert_eq!(tok.encode(text).expect("encode"), want, "{text:?}");
+        let back = case["detokenized"].as_str().unwrap_or(text);
+        assert_eq!(tok.decode(&want, false).expect("decode"), back);
+    }
+    // Its chat prompts too, as llama.cpp rendered and tokenized them.
+    for case in fx["cases"].as_array().expect("cases") {
+        let text = case["prompt_text"].as_str().expect("text");
+        assert_eq!(
+            tok.encode(text).expect("encode"),
+            fixture_ids(&case["prompt_ids"])
+        );
+    }
+}
