@@ -135,3 +135,13 @@ def assert_picked_token_zero(reply):
     assert choice["finish_reason"] == "stop", choice
     assert choice["message"]["content"] == "", choice
     assert reply["usage"]["completion_tokens"] == 1, reply["usage"]
+
+
+def steps_before_near_tie(case, near_tie):
+    """Greedy steps of a llama.cpp fixture case before the first near-tie (a top-2 margin under
+    `near_tie` nats in llama.cpp's teacher-forced logprobs): tokens compare equal only that far."""
+    for k, step in enumerate(case["teacher_forced_top5"]):
+        top = step["top5"]
+        if top[0][1] - top[1][1] < near_tie:
+            return k
+    return len(case["teacher_forced_top5"])

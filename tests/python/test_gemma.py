@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from conftest import ROOT, Server
+from conftest import ROOT, Server, steps_before_near_tie
 from test_ssd_cache import ssd_stats, wait_written
 
 FIXTURE = json.loads((ROOT / "tests/fixtures/models/gemma3-270m.llama-cpp.json").read_text())
@@ -21,11 +21,7 @@ TURN = "\n<start_of_turn>user\nThank you. Now say it again in one short sentence
 
 
 def comparable_steps(case):
-    for k, step in enumerate(case["teacher_forced_top5"]):
-        top = step["top5"]
-        if top[0][1] - top[1][1] < NEAR_TIE:
-            return k
-    return len(case["teacher_forced_top5"])
+    return steps_before_near_tie(case, NEAR_TIE)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from conftest import ROOT, Server
+from conftest import ROOT, Server, steps_before_near_tie
 
 FIXTURE = json.loads(
     (ROOT / "tests/fixtures/models/qwen2.5-coder-0.5b-instruct.llama-cpp.json").read_text()
@@ -30,12 +30,7 @@ def qwen():
 
 
 def comparable_steps(case):
-    """Greedy steps before the first near-tie in llama.cpp's logprobs."""
-    for k, step in enumerate(case["teacher_forced_top5"]):
-        top = step["top5"]
-        if top[0][1] - top[1][1] < NEAR_TIE:
-            return k
-    return len(case["teacher_forced_top5"])
+    return steps_before_near_tie(case, NEAR_TIE)
 
 
 # The tool case opens on a near-tie (a bare `{"` vs a fenced block, 0.12 nats apart in llama.cpp):

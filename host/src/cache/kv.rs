@@ -58,6 +58,16 @@ struct LayerKv {
     start: usize,
 }
 
+impl LayerKv {
+    /// Positions the buffers hold room for (0 before the first write).
+    fn capacity(&self) -> usize {
+        self.keys
+            .as_ref()
+            .map(|k| k.shape()[2] as usize)
+            .unwrap_or(0)
+    }
+}
+
 /// One row's KV cache over all layers.
 #[derive(Debug, Clone)]
 pub struct KvCache {
@@ -223,12 +233,7 @@ impl KvCache {
     ) -> Result<()> {
         let offset = self.offset;
         let slot = &mut self.layers[layer];
-        let capacity = slot
-            .keys
-            .as_ref()
-            .map(|k| k.shape()[2] as usize)
-            .unwrap_or(0);
-        if end - slot.start <= capacity {
+        if end - slot.start <= slot.capacity() {
             return Ok(());
         }
         let keep_from = offset
@@ -263,12 +268,7 @@ impl KvCache {
     fn reserve(&mut self, layer: usize, end: usize, like: &Array) -> Result<()> {
         let valid = self.offset;
         let slot = &mut self.layers[layer];
-        let capacity = slot
-            .keys
-            .as_ref()
-            .map(|k| k.shape()[2] as usize)
-            .unwrap_or(0);
-        if end > capacity {
+        if end > slot.capacity() {
             let new_cap = end.div_ceil(Self::STEP) * Self::STEP;
             slot.keys = Some(grow(slot.keys.take(), like, valid, new_cap)?);
             slot.values = Some(grow(slot.values.take(), like, valid, new_cap)?);

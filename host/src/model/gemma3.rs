@@ -156,17 +156,9 @@ impl Gemma3 {
         let (nh, nkv) = (c.num_attention_heads as i32, c.num_key_value_heads as i32);
         let qkv = layer.qkv.forward(x, self.layer_kernel)?;
         let n = qkv[0].shape()[0];
-        let rope = |a: &Array, heads: i32, norm: &Array| -> Result<Array> {
-            let a = fast::rms_norm(a.reshape(&[n, heads, 1, d])?, Some(norm), c.rms_norm_eps)?;
-            Ok(fast::rope_dynamic(
-                a,
-                d,
-                false,
-                layer.rope_base,
-                1.0,
-                positions,
-                None,
-            )?)
+        let rope = |a: &Array, heads: i32, norm: &Array| {
+            let norm = Some((norm, c.rms_norm_eps));
+            ragged::rope_heads(a, heads, d, norm, layer.rope_base, positions)
         };
         let q = rope(&qkv[0], nh, &layer.q_norm)?;
         let k = rope(&qkv[1], nkv, &layer.k_norm)?;

@@ -291,23 +291,10 @@ impl Llama {
             .qkv
             .forward_biased(x, self.layer_kernel, layer.qkv_bias.as_ref())?;
         let n = qkv[0].shape()[0];
-        // Qwen3's per-head RMSNorm of q and k, then half-split
-        // (non-traditional) RoPE at each token's own position.
-        let rope = |a: &Array, heads: i32, norm: Option<&Array>| -> Result<Array> {
-            let a = a.reshape(&[n, heads, 1, d])?;
-            let a = match norm {
-                Some(w) => fast::rms_norm(&a, Some(w), c.rms_norm_eps)?,
-                None => a,
-            };
-            Ok(fast::rope_dynamic(
-                a,
-                d,
-                false,
-                c.rope_theta,
-                1.0,
-                positions,
-                None,
-            )?)
+        // Qwen3's per-head RMSNorm of q and k, then RoPE.
+        let rope = |a: &Array, heads: i32, norm: Option<&Array>| {
+            let norm = norm.map(|w| (w, c.rms_norm_eps));
+            ragged::rope_heads(a, heads, d, norm, c.rope_theta, positions)
         };
         let q = rope(&qkv[0], nh, layer.q_norm.as_ref())?;
         let k = rope(&qkv[1], nkv, layer.k_norm.as_ref())?;

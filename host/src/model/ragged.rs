@@ -4,6 +4,7 @@
 //! over only the positions whose logits were asked for.
 
 use mlx_rs::{
+    fast,
     ops::{self, indexing::IndexOp},
     Array,
 };
@@ -52,6 +53,28 @@ pub fn no_logits(rows: usize, vocab: usize) -> Vec<Array> {
     (0..rows)
         .map(|_| Array::from_slice::<f32>(&[], &[0, vocab as i32]))
         .collect()
+}
+
+/// A packed projection `[N, heads * D]` as `[N, heads, 1, D]`: each
+/// token its own batch element, each head RMS-normed by `norm` (`[D]`,
+/// Qwen3's and Gemma 3's q/k norms) when given, then half-split
+/// (non-traditional) RoPE with base `base` at each token's own position
+/// (`positions: [N]` int32).
+pub fn rope_heads(
+    a: &Array,
+    heads: i32,
+    d: i32,
+    norm: Option<(&Array, f32)>,
+    base: f32,
+    positions: &Array,
+) -> Result<Array> {
+    let n = a.shape()[0];
+    let a = a.reshape(&[n, heads, 1, d])?;
+    let a = match norm {
+        Some((w, eps)) => fast::rms_norm(&a, Some(w), eps)?,
+        None => a,
+    };
+    Ok(fast::rope_dynamic(a, d, false, base, 1.0, positions, None)?)
 }
 
 /// Tokens `start..start + t` of a packed `[N, heads, 1, D]` tensor as one
