@@ -332,7 +332,7 @@ impl Gguf {
             .get("tokenizer.ggml.pre")
             .and_then(MetaValue::as_str)
             .unwrap_or("default");
-        TextTokenizer::from_gguf_bpe(&tokens, &merges, &types, pre)
+        TextTokenizer::from_gguf_bpe(&tokens, &merges, &types, pre, bos)
             .map_err(|e| ModelError::invalid(&self.path, e))
     }
 

@@ -131,7 +131,9 @@ impl TextTokenizer {
     ///
     /// `tokens[i]` is id `i`; `merges` are `"left right"` strings in rank
     /// order; `token_types` follow llama.cpp's enum (3 = control); `pre`
-    /// is `tokenizer.ggml.pre` (one of [`PRE_TOKENIZERS`]).
+    /// is `tokenizer.ggml.pre` (one of [`PRE_TOKENIZERS`]); `bos` is added
+    /// by [`TextTokenizer::encode_prompt`] when given (`add_bos_token`,
+    /// e.g. Llama 3).
     ///
     /// Errors: a malformed merge, an unsupported `pre`.
     pub fn from_gguf_bpe(
@@ -139,6 +141,7 @@ impl TextTokenizer {
         merges: &[String],
         token_types: &[i64],
         pre: &str,
+        bos: Option<u32>,
     ) -> Result<Self> {
         let vocab: tokenizers::models::bpe::Vocab = tokens
             .iter()
@@ -163,6 +166,7 @@ impl TextTokenizer {
         let mut inner = Tokenizer::new(bpe);
         inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
         inner.with_decoder(Some(ByteLevelDecoder::default()));
+        add_bos(&mut inner, tokens, bos)?;
         let special: Vec<AddedToken> = tokens
             .iter()
             .zip(token_types)
@@ -248,20 +252,7 @@ impl TextTokenizer {
             decoders.push(Strip::new(' ', 1, 0).into());
         }
         inner.with_decoder(Some(DecoderSequence::new(decoders)));
-        if let Some(bos) = bos {
-            let text = tokens.get(bos as usize).cloned().ok_or_else(|| {
-                ModelError::Tokenizer(format!("BOS id {bos} is outside the vocabulary"))
-            })?;
-            let post = tokenizers::processors::template::TemplateProcessing::builder()
-                .try_single(format!("{text} $A"))
-                .and_then(|b| {
-                    b.special_tokens(vec![(text.clone(), bos)])
-                        .build()
-                        .map_err(|e| e.to_string())
-                })
-                .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-            inner.with_post_processor(Some(post));
-        }
+        add_bos(&mut inner, tokens, bos)?;
         // Control tokens are special (matched only as specials); llama.cpp
         // matches user-defined ones in the raw text, before spaces become
         // `▁`, so they are not normalized.
@@ -402,6 +393,27 @@ impl TextTokenizer {
             xxhash_rust::xxh3::xxh3_128(json.as_bytes())
         ))
     }
+}
+
+/// Makes `encode(text, true)` put `bos` (`tokens[bos]`) first, as a
+/// `TemplateProcessing` post-processor (what a Hugging Face
+/// `tokenizer.json` of a BOS-adding model has, so `convert` writes it too).
+fn add_bos(inner: &mut Tokenizer, tokens: &[String], bos: Option<u32>) -> Result<()> {
+    let Some(bos) = bos else { return Ok(()) };
+    let text = tokens
+        .get(bos as usize)
+        .cloned()
+        .ok_or_else(|| ModelError::Tokenizer(format!("BOS id {bos} is outside the vocabulary")))?;
+    let post = tokenizers::processors::template::TemplateProcessing::builder()
+        .try_single(format!("{text} $A"))
+        .and_then(|b| {
+            b.special_tokens(vec![(text.clone(), bos)])
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+    inner.with_post_processor(Some(post));
+    Ok(())
 }
 
 /// SentencePiece merges from scores: every split of a normal piece into
