@@ -104,17 +104,9 @@ impl KvCache {
     }
 
     /// A cache of `offset` positions from per-layer keys and values
-    /// `[1, H_kv, T, D]` (a restored SSD entry) of full-attention layers:
-    /// `T == offset`, and the first update reallocates with room to grow.
-    pub fn from_layers(layers: Vec<(Array, Array)>, offset: usize) -> Self {
-        let n = layers.len();
-        let full = vec![LayerKind::Full; n];
-        Self::from_parts(layers, &full, &vec![0; n], offset)
-    }
-
-    /// A cache of `offset` positions from per-layer keys and values
     /// `[1, H_kv, offset - starts[l], D]`, each layer of kind `kinds[l]`
-    /// holding positions `[starts[l], offset)` (a restored SSD entry).
+    /// holding positions `[starts[l], offset)` (a restored SSD entry; the
+    /// first update reallocates with room to grow).
     pub fn from_parts(
         layers: Vec<(Array, Array)>,
         kinds: &[LayerKind],
