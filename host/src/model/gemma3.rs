@@ -16,11 +16,7 @@
 //!
 //! Decode runs through MLX ops (the fused CPU decode op is Llama-shaped).
 
-use mlx_rs::{
-    fast::{self, ScaledDotProductAttentionMask},
-    ops::{self, indexing::IndexOp},
-    Array, Dtype,
-};
+use mlx_rs::{fast, ops, Array, Dtype};
 
 use super::config::ModelConfig;
 use super::cpu_quant::Kernel;
@@ -170,7 +166,7 @@ impl Gemma3 {
             let t = t as i32;
             if t > 0 {
                 let part = |a: &Array, heads: i32| ragged::row_heads(a, start, t, heads, d);
-                let o = attend_row(
+                outs.push(ragged::attend_row(
                     l,
                     layer.kind,
                     &part(&q, nh)?,
@@ -178,13 +174,7 @@ impl Gemma3 {
                     &part(&v, nkv)?,
                     row.cache,
                     scale,
-                )?;
-                let o = if t == 1 {
-                    o
-                } else {
-                    o.transpose_axes(&[0, 2, 1, 3])?
-                };
-                outs.push(o.reshape(&[t, nh * d])?);
+                )?);
             }
             start += t;
         }
@@ -238,96 +228,9 @@ fn residual(h: &Array, branch: &Array) -> Result<Array> {
     Ok(ops::clip(&sum, (-bound, bound))?.as_dtype(Dtype::Float16)?)
 }
 
-/// One row's attention: `q: [1, n_heads, T, D]`, `k`/`v: [1, n_kv, T, D]`
-/// (normed, RoPE applied) -> `[1, n_heads, T, D]` (`[1, n_heads, 1, D]`
-/// viewed as `[1, 1, n_heads, D]` for one token, as SDPA returns it).
-/// Writes k/v into the row's cache at its offset.
-fn attend_row(
-    l: usize,
-    kind: LayerKind,
-    q: &Array,
-    k: &Array,
-    v: &Array,
-    cache: &mut KvCache,
-    scale: f32,
-) -> Result<Array> {
-    let t = q.shape()[2] as usize;
-    let offset = cache.offset();
-    let (keys, values) = cache.update(l, k, v)?;
-    let window = match kind {
-        LayerKind::SlidingWindow { window } => window,
-        LayerKind::Full => {
-            let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
-            return Ok(fast::scaled_dot_product_attention(
-                q, &keys, &values, scale, mask, None,
-            )?);
-        }
-    };
-    // Keys from the first query's window on: `(offset - W, offset + T)`.
-    let held_from = cache.layer_start(l);
-    let from = (offset + 1).saturating_sub(window).max(held_from);
-    let end = offset + t;
-    let skip = (from - held_from) as i32;
-    let keys = keys.index((.., .., skip.., ..));
-    let values = values.index((.., .., skip.., ..));
-    let o = if t == 1 {
-        // One query: every key from `from` is inside its window.
-        fast::scaled_dot_product_attention(q, &keys, &values, scale, None, None)?
-    } else if end - 1 - from < window {
-        // The last query still sees the first key: plain causal.
-        fast::scaled_dot_product_attention(
-            q,
-            &keys,
-            &values,
-            scale,
-            ScaledDotProductAttentionMask::Causal,
-            None,
-        )?
-    } else {
-        let mask = window_mask(offset, t, from, end, window)?;
-        fast::scaled_dot_product_attention(
-            q,
-            &keys,
-            &values,
-            scale,
-            ScaledDotProductAttentionMask::Array(&mask),
-            None,
-        )?
-    };
-    Ok(o)
-}
-
-/// `[T, K]` boolean mask: query `i` (position `offset + i`) may attend to
-/// key `j` (position `from + j`, `j < end - from`) iff the key is at or
-/// before it and less than `window` positions back.
-fn window_mask(offset: usize, t: usize, from: usize, end: usize, window: usize) -> Result<Array> {
-    let q: Vec<i32> = (offset..offset + t).map(|p| p as i32).collect();
-    let k: Vec<i32> = (from..end).map(|p| p as i32).collect();
-    let q = Array::from_slice(&q, &[t as i32, 1]);
-    let k = Array::from_slice(&k, &[1, (end - from) as i32]);
-    let causal = ops::le(&k, &q)?;
-    let recent = ops::gt(&k, ops::subtract(&q, Array::from_int(window as i32))?)?;
-    Ok(ops::logical_and(&causal, &recent)?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn window_mask_keeps_the_last_window_positions_causally() -> Result<()> {
-        // Queries at 10, 11, 12; keys 8..13; window 3.
-        let m = window_mask(10, 3, 8, 13, 3)?;
-        let got: Vec<bool> = m.as_slice::<bool>().to_vec();
-        #[rustfmt::skip]
-        let want = vec![
-            true,  true,  true,  false, false, // q=10 sees 8, 9, 10
-            false, true,  true,  true,  false, // q=11 sees 9, 10, 11
-            false, false, true,  true,  true,  // q=12 sees 10, 11, 12
-        ];
-        assert_eq!(got, want);
-        Ok(())
-    }
 
     #[test]
     fn every_sixth_layer_is_global() {

@@ -12,7 +12,7 @@
 //! continuous batching needs (prefill of one row beside decode of others).
 
 use mlx_rs::{
-    fast::{self, ScaledDotProductAttentionMask},
+    fast,
     ops::{self, indexing::IndexOp},
     Array, Dtype,
 };
@@ -23,7 +23,7 @@ use super::decode_layer::{decode_layer, FusedLayer, LayerShape};
 use super::error::{ModelError, Result};
 use super::linear::{Embedding, Linear};
 use super::ragged;
-use crate::cache::KvCache;
+use crate::cache::{KvCache, LayerKind};
 
 /// Several projections of the same input, fused into one matrix product
 /// when their storage allows (see [`Linear::fuse`]).
@@ -317,12 +317,14 @@ impl Llama {
                 decoded_rows += 1;
             } else if t > 0 {
                 let part = |a: &Array, heads: i32| ragged::row_heads(a, start, t as i32, heads, d);
-                outs.push(self.attend_row(
+                outs.push(ragged::attend_row(
                     l,
+                    LayerKind::Full,
                     &part(&q, nh)?,
                     &part(&k, nkv)?,
                     &part(&v, nkv)?,
                     row.cache,
+                    1.0 / (d as f32).sqrt(),
                 )?);
             }
             start = end;
@@ -391,31 +393,6 @@ impl Llama {
             token_index.len() as i32,
             c.num_attention_heads as i32 * d,
         ])?))
-    }
-
-    /// One row: `q: [1, n_heads, T, D]`, `k`/`v: [1, n_kv, T, D]` (RoPE
-    /// applied) -> `[T, n_heads * D]`, attending over the row's cache.
-    fn attend_row(
-        &self,
-        l: usize,
-        q: &Array,
-        k: &Array,
-        v: &Array,
-        cache: &mut KvCache,
-    ) -> Result<Array> {
-        let c = &self.config;
-        let d = c.head_dim() as i32;
-        let t = q.shape()[2];
-        let (keys, values) = cache.update(l, k, v)?;
-        let scale = 1.0 / (d as f32).sqrt();
-        let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
-        let o = fast::scaled_dot_product_attention(q, &keys, &values, scale, mask, None)?;
-        let o = if t == 1 {
-            o
-        } else {
-            o.transpose_axes(&[0, 2, 1, 3])?
-        };
-        Ok(o.reshape(&[t, c.num_attention_heads as i32 * d])?)
     }
 
     /// Prepares the fused decode op ([`super::decode_layer`]) when it is

@@ -1,16 +1,18 @@
 //! The parts of a ragged-batch forward pass every architecture shares:
 //! packing the rows' new tokens into one activation, splitting a packed
-//! per-token tensor back into one row's heads, and running the output head
-//! over only the positions whose logits were asked for.
+//! per-token tensor back into one row's heads, one row's attention over its
+//! own cache (full or sliding-window), and running the output head over
+//! only the positions whose logits were asked for.
 
 use mlx_rs::{
-    fast,
+    fast::{self, ScaledDotProductAttentionMask},
     ops::{self, indexing::IndexOp},
     Array,
 };
 
 use super::error::{ModelError, Result};
 use super::llama::RowInput;
+use crate::cache::{KvCache, LayerKind};
 
 /// The rows' new tokens packed in row order.
 pub struct Packed {
@@ -132,4 +134,119 @@ pub fn head(
         at += n;
     }
     Ok(out)
+}
+
+/// One row's attention over its own cache layer `l` of kind `kind`:
+/// `q: [1, n_heads, T, D]`, `k`/`v: [1, n_kv, T, D]` (RoPE applied) ->
+/// `[T, n_heads * D]`, scores scaled by `scale`. Writes k/v into the row's
+/// cache at its offset; a full layer attends causally, a sliding-window
+/// layer to each query's last `window` positions.
+pub fn attend_row(
+    l: usize,
+    kind: LayerKind,
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    cache: &mut KvCache,
+    scale: f32,
+) -> Result<Array> {
+    let (heads, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
+    let o = attention_over_cache(l, kind, q, k, v, cache, scale)?;
+    // SDPA gives `[1, heads, T, D]` (one query: `[1, heads, 1, D]`, already
+    // in token-major order).
+    let o = if t == 1 {
+        o
+    } else {
+        o.transpose_axes(&[0, 2, 1, 3])?
+    };
+    Ok(o.reshape(&[t, heads * d])?)
+}
+
+/// [`attend_row`] before the head merge: SDPA's `[1, n_heads, T, D]`.
+fn attention_over_cache(
+    l: usize,
+    kind: LayerKind,
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    cache: &mut KvCache,
+    scale: f32,
+) -> Result<Array> {
+    let t = q.shape()[2] as usize;
+    let offset = cache.offset();
+    let (keys, values) = cache.update(l, k, v)?;
+    let window = match kind {
+        LayerKind::SlidingWindow { window } => window,
+        LayerKind::Full => {
+            let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
+            return Ok(fast::scaled_dot_product_attention(
+                q, &keys, &values, scale, mask, None,
+            )?);
+        }
+    };
+    // Keys from the first query's window on: `(offset - W, offset + T)`.
+    let held_from = cache.layer_start(l);
+    let from = (offset + 1).saturating_sub(window).max(held_from);
+    let end = offset + t;
+    let skip = (from - held_from) as i32;
+    let keys = keys.index((.., .., skip.., ..));
+    let values = values.index((.., .., skip.., ..));
+    let o = if t == 1 {
+        // One query: every key from `from` is inside its window.
+        fast::scaled_dot_product_attention(q, &keys, &values, scale, None, None)?
+    } else if end - 1 - from < window {
+        // The last query still sees the first key: plain causal.
+        fast::scaled_dot_product_attention(
+            q,
+            &keys,
+            &values,
+            scale,
+            ScaledDotProductAttentionMask::Causal,
+            None,
+        )?
+    } else {
+        let mask = window_mask(offset, t, from, end, window)?;
+        fast::scaled_dot_product_attention(
+            q,
+            &keys,
+            &values,
+            scale,
+            ScaledDotProductAttentionMask::Array(&mask),
+            None,
+        )?
+    };
+    Ok(o)
+}
+
+/// `[T, K]` boolean mask: query `i` (position `offset + i`) may attend to
+/// key `j` (position `from + j`, `j < end - from`) iff the key is at or
+/// before it and less than `window` positions back.
+fn window_mask(offset: usize, t: usize, from: usize, end: usize, window: usize) -> Result<Array> {
+    let q: Vec<i32> = (offset..offset + t).map(|p| p as i32).collect();
+    let k: Vec<i32> = (from..end).map(|p| p as i32).collect();
+    let q = Array::from_slice(&q, &[t as i32, 1]);
+    let k = Array::from_slice(&k, &[1, (end - from) as i32]);
+    let causal = ops::le(&k, &q)?;
+    let recent = ops::gt(&k, ops::subtract(&q, Array::from_int(window as i32))?)?;
+    Ok(ops::logical_and(&causal, &recent)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_mask_keeps_the_last_window_positions_causally() -> Result<()> {
+        // Queries at 10, 11, 12; keys 8..13; window 3.
+        let m = window_mask(10, 3, 8, 13, 3)?;
+        let got: Vec<bool> = m.as_slice::<bool>().to_vec();
+        #[rustfmt::skip]
+        let want = vec![
+            true,  true,  true,  false, false, // q=10 sees 8, 9, 10
+            false, true,  true,  true,  false, // q=11 sees 9, 10, 11
+            false, false, true,  true,  true,  // q=12 sees 10, 11, 12
+        ];
+        assert_eq!(got, want);
+        Ok(())
+    }
 }
