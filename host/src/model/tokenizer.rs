@@ -167,20 +167,9 @@ impl TextTokenizer {
         inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
         inner.with_decoder(Some(ByteLevelDecoder::default()));
         add_bos(&mut inner, tokens, bos)?;
-        let special: Vec<AddedToken> = tokens
-            .iter()
-            .zip(token_types)
-            .filter(|(_, &ty)| ty == TOKEN_TYPE_CONTROL)
-            .map(|(t, _)| AddedToken::from(t.clone(), true))
-            .collect();
-        let user: Vec<AddedToken> = tokens
-            .iter()
-            .zip(token_types)
-            .filter(|(_, &ty)| ty == TOKEN_TYPE_USER_DEFINED)
-            .map(|(t, _)| AddedToken::from(t.clone(), false))
-            .collect();
-        inner.add_special_tokens(&special);
-        inner.add_tokens(&user);
+        // No normalizer here: whether user-defined tokens are "normalized"
+        // changes nothing but the serialized form (the SSD cache key).
+        add_gguf_tokens(&mut inner, tokens, token_types, true);
         Ok(TextTokenizer::wrap(inner))
     }
 
@@ -253,19 +242,9 @@ impl TextTokenizer {
         }
         inner.with_decoder(Some(DecoderSequence::new(decoders)));
         add_bos(&mut inner, tokens, bos)?;
-        // Control tokens are special (matched only as specials); llama.cpp
-        // matches user-defined ones in the raw text, before spaces become
-        // `▁`, so they are not normalized.
-        let added = |want: i64, special: bool| -> Vec<AddedToken> {
-            tokens
-                .iter()
-                .zip(token_types)
-                .filter(|(_, &ty)| ty == want)
-                .map(|(t, _)| AddedToken::from(t.clone(), special).normalized(false))
-                .collect()
-        };
-        inner.add_special_tokens(&added(TOKEN_TYPE_CONTROL, true));
-        inner.add_tokens(&added(TOKEN_TYPE_USER_DEFINED, false));
+        // llama.cpp matches user-defined tokens in the raw text, before
+        // spaces become `▁`, so they are not normalized.
+        add_gguf_tokens(&mut inner, tokens, token_types, false);
         Ok(TextTokenizer::wrap(inner))
     }
 
@@ -393,6 +372,22 @@ impl TextTokenizer {
             xxhash_rust::xxh3::xxh3_128(json.as_bytes())
         ))
     }
+}
+
+/// Adds a GGUF vocabulary's control tokens (type 3) as special tokens,
+/// matched only as specials and never normalized, and its user-defined ones
+/// (type 4) as added tokens matched everywhere, normalized as
+/// `normalize_user` says.
+fn add_gguf_tokens(inner: &mut Tokenizer, tokens: &[String], types: &[i64], normalize_user: bool) {
+    let of_type = |want: i64| tokens.iter().zip(types).filter(move |(_, &ty)| ty == want);
+    let special: Vec<AddedToken> = of_type(TOKEN_TYPE_CONTROL)
+        .map(|(t, _)| AddedToken::from(t.clone(), true))
+        .collect();
+    let user: Vec<AddedToken> = of_type(TOKEN_TYPE_USER_DEFINED)
+        .map(|(t, _)| AddedToken::from(t.clone(), false).normalized(normalize_user))
+        .collect();
+    inner.add_special_tokens(&special);
+    inner.add_tokens(&user);
 }
 
 /// Makes `encode(text, true)` put `bos` (`tokens[bos]`) first, as a
