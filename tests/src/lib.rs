@@ -287,3 +287,15 @@ pub fn top_token_gap_to_llama_cpp(
     eprintln!("{dtype}: largest top-token gap to llama.cpp {worst:.4} nats");
     worst
 }
+
+/// The GGUF path of catalog model `name` (`mlxhost models`), which must be
+/// installed (`mlxhost models pull NAME`; scripts/test.sh does it).
+pub fn installed_model(name: &str) -> PathBuf {
+    let m = mlxhost::model::catalog::find(name).expect("in the catalog");
+    assert!(
+        m.is_installed(),
+        "{name} not installed at {}: run `mlxhost models pull {name}`",
+        m.path().display()
+    );
+    m.path()
+}

@@ -15,13 +15,7 @@ use mlxhost_e2e::*;
 use serde_json::Value;
 
 fn gemma_path() -> PathBuf {
-    let m = mlxhost::model::catalog::find("gemma3-270m").expect("in the catalog");
-    assert!(
-        m.is_installed(),
-        "Gemma 3 270M not installed at {}: run `mlxhost models pull gemma3-270m`",
-        m.path().display()
-    );
-    m.path()
+    installed_model("gemma3-270m")
 }
 
 fn fixture() -> Value {

@@ -13,13 +13,7 @@ use mlxhost_e2e::*;
 use serde_json::Value;
 
 fn qwen_path() -> PathBuf {
-    let m = mlxhost::model::catalog::find("qwen2.5-coder-0.5b").expect("in the catalog");
-    assert!(
-        m.is_installed(),
-        "Qwen2.5-Coder not installed at {}: run `mlxhost models pull qwen2.5-coder-0.5b`",
-        m.path().display()
-    );
-    m.path()
+    installed_model("qwen2.5-coder-0.5b")
 }
 
 fn fixture() -> Value {
