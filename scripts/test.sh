@@ -18,7 +18,7 @@ cargo build --workspace -q
 # The guest crates' own unit tests, natively (stable cargo ignores the guest workspace's
 # build-std settings once a host target is given).
 HOST_TARGET=$(rustc -vV | sed -n 's/^host: //p')
-for crate in plugins/tool-parsers plugins/openai plugins/anthropic; do
+for crate in plugins/tool-parsers plugins/openai plugins/anthropic plugins/responses; do
   (cd "$crate" && cargo test -q --target "$HOST_TARGET")
 done
 if ! command -v cargo-nextest >/dev/null; then

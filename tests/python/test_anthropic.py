@@ -447,11 +447,29 @@ def test_max_tokens_over_the_context_is_clamped_not_rejected(server):
     assert r.json()["content"][0]["text"] == "ok"
 
 
-def test_count_tokens_is_not_supported(client):
-    with pytest.raises(anthropic.InternalServerError) as err:
-        client.messages.count_tokens(model="m", messages=[user("x")])
-    assert err.value.status_code == 501
-    assert err.value.body["error"] == {"type": "api_error", "message": "count_tokens is not supported by this server yet"}
+def test_count_tokens_equals_the_prompt_a_message_takes(client):
+    system = "You are terse."
+    messages = [user("What is the weather in Paris?")]
+    counted = client.messages.count_tokens(model="m", system=system, messages=messages, tools=[WEATHER])
+    reply = ask(client, messages, "ok", system=system, tools=[WEATHER])
+    assert counted.input_tokens == reply.usage.input_tokens + reply.usage.cache_read_input_tokens > 0
+    # The system prompt is part of it.
+    longer = client.messages.count_tokens(model="m", system=system * 5, messages=messages, tools=[WEATHER])
+    assert longer.input_tokens > counted.input_tokens
+    with pytest.raises(anthropic.BadRequestError):
+        client.messages.count_tokens(model="m", messages=[])
+
+
+def test_models_in_anthropic_shape(client, server):
+    page = client.models.list()
+    [model] = page.data
+    assert model.type == "model" and model.id and model.created_at.year >= 2025
+    assert client.models.retrieve(model.id).id == model.id
+    with pytest.raises(anthropic.NotFoundError):
+        client.models.retrieve("no-such-model")
+    # Without Anthropic's header the same route answers in OpenAI's shape.
+    with server.http() as h:
+        assert h.get("/v1/models").json()["object"] == "list"
 
 
 def test_a_failure_inside_a_stream_is_an_anthropic_error_body(server):

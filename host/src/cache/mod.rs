@@ -1,14 +1,17 @@
 //! KV cache kinds (per-row full cache today; sliding-window, SSM state and
 //! quantized kinds plug in beside it), the RAM prompt cache, the SSD cold
-//! tier, and the two tiers behind one lookup.
+//! tier, the two tiers behind one lookup, and the response store adapters
+//! keep stored responses in.
 
 pub mod kv;
 pub mod prompt;
+pub mod responses;
 pub mod ssd;
 pub mod tiers;
 
 pub use kv::{KvCache, LayerKind};
 pub use prompt::{PromptCache, PromptCacheStats};
+pub use responses::{ResponseStore, ResponseStoreConfig};
 pub use ssd::{SsdCache, SsdCacheStats, SsdConfig};
 pub use tiers::PrefixCache;
 

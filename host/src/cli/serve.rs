@@ -104,6 +104,16 @@ pub struct ServeArgs {
     /// written to the SSD cache (write-behind once requests settle), ms.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     ssd_cache_settle_ms: u64,
+    /// How long a stored response (OpenAI Responses `store`) is kept after
+    /// it is written, seconds; 0 keeps none (`previous_response_id` then
+    /// gets a 404). Kept in `--ssd-cache`'s `responses/` folder across
+    /// restarts when that is set, else in RAM.
+    #[arg(long, value_name = "SECONDS", default_value_t = 86_400)]
+    response_store_ttl: u64,
+    /// Byte cap of the stored responses, MiB (the least recently used go
+    /// first).
+    #[arg(long, value_name = "MiB", default_value_t = 256)]
+    response_store_max: u64,
     /// Most generations queued or running at once; more get a 503 (each
     /// holds plugin instances from a shared pool of 512).
     #[arg(long, default_value_t = 128)]
@@ -239,6 +249,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .map(|m| (m, model_id))
             .map_err(|e| format!("{e:#}"))
     });
+    let response_store = open_response_store(&args)?;
     let config = ServeConfig {
         addr: SocketAddr::new(args.host, args.port),
         plugins: live.clone(),
@@ -266,6 +277,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             settle: Duration::from_millis(args.ssd_cache_settle_ms),
         },
         max_queue: args.max_queue.max(1),
+        response_store,
         schedule: SchedulerConfig {
             max_batch: args.batch,
             prefill_budget: args.prefill_budget,
@@ -289,4 +301,26 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     })?;
     Ok(())
+}
+
+/// The response store the flags ask for: none with `--response-store-ttl
+/// 0`, on disk under `--ssd-cache`'s `responses/` folder, else in RAM.
+fn open_response_store(
+    args: &ServeArgs,
+) -> anyhow::Result<Option<std::sync::Arc<mlxhost::cache::ResponseStore>>> {
+    use mlxhost::cache::{ResponseStore, ResponseStoreConfig};
+    if args.response_store_ttl == 0 || args.response_store_max == 0 {
+        return Ok(None);
+    }
+    let dir = args.ssd_cache.as_ref().map(|d| d.join("responses"));
+    let store = ResponseStore::open(ResponseStoreConfig {
+        ttl: Duration::from_secs(args.response_store_ttl),
+        max_bytes: args.response_store_max << 20,
+        dir: dir.clone(),
+    })
+    .map_err(|e| {
+        let where_ = dir.map(|d| d.display().to_string()).unwrap_or_default();
+        anyhow::anyhow!("cannot open the response store {where_} (--ssd-cache): {e}")
+    })?;
+    Ok(Some(std::sync::Arc::new(store)))
 }

@@ -211,6 +211,17 @@ impl PluginHost {
             wasmtime::component::HasSelf<_>,
         >(&mut linker, |s| s)
         .map_err(|e| PluginError::Engine(e.to_string()))?;
+        // The adapter services (`response-store`, `prompt`).
+        super::bindings::v2::adapter::mlxhost::plugin::response_store::add_to_linker::<
+            _,
+            wasmtime::component::HasSelf<_>,
+        >(&mut linker, |s| s)
+        .map_err(|e| PluginError::Engine(e.to_string()))?;
+        super::bindings::v2::adapter::mlxhost::plugin::prompt::add_to_linker::<
+            _,
+            wasmtime::component::HasSelf<_>,
+        >(&mut linker, |s| s)
+        .map_err(|e| PluginError::Engine(e.to_string()))?;
         let cache = crate::paths::cache_dir().join("components");
         let mut plugins = BTreeMap::new();
         let mut skipped = Vec::new();
@@ -469,6 +480,17 @@ fn load_one(
     })
 }
 
+/// An absolute path whose segments are literal or a whole `{name}`
+/// placeholder (matching any one non-empty segment, e.g.
+/// `/v1/responses/{response_id}`).
+fn valid_route_path(path: &str) -> bool {
+    path.starts_with('/')
+        && path[1..].split('/').all(|seg| {
+            let placeholder = seg.starts_with('{') && seg.ends_with('}') && seg.len() > 2;
+            placeholder || !(seg.contains('{') || seg.contains('}'))
+        })
+}
+
 /// Asks an adapter for its routes (a smoke call at load: an adapter that
 /// traps here is skipped). Routes must be `GET`/`POST` on an absolute path.
 fn adapter_routes(
@@ -506,9 +528,9 @@ fn adapter_routes(
     let mut out = Vec::with_capacity(routes.len());
     for (method_given, path) in routes {
         let method = method_given.to_ascii_uppercase();
-        if !matches!(method.as_str(), "GET" | "POST") || !path.starts_with('/') {
+        if !matches!(method.as_str(), "GET" | "POST" | "DELETE") || !valid_route_path(&path) {
             return Err(format!(
-                "route `{method_given} {path}` is invalid (GET or POST on an absolute path)"
+                "route `{method_given} {path}` is invalid (GET, POST or DELETE on an absolute path whose `{{name}}` segments are whole segments)"
             ));
         }
         out.push((method, path));

@@ -47,6 +47,9 @@ pub struct PluginState {
     pub limits: wasmtime::StoreLimits,
     /// The model's vocabulary; `None` before a model is loaded.
     pub vocab: Option<std::sync::Arc<super::vocab::VocabView>>,
+    /// What an API adapter instance may call (`response-store`, `prompt`);
+    /// `None` for other plugins.
+    pub services: Option<super::services::AdapterServices>,
 }
 
 impl PluginState {
@@ -56,6 +59,7 @@ impl PluginState {
             table: ResourceTable::new(),
             limits,
             vocab: None,
+            services: None,
         }
     }
 

@@ -54,10 +54,14 @@ fn failed(name: &str, what: &str, e: impl std::fmt::Display) -> PluginError {
 impl AdapterCall {
     /// Instantiates adapter `name` (~microseconds from the pre-instantiated
     /// component). Errors: unknown name, or instantiation failure.
+    ///
+    /// `services` are what the instance's `response-store` and `prompt`
+    /// imports reach (`None`: they answer "absent").
     pub fn new(
         host: std::sync::Arc<PluginHost>,
         name: &str,
         ctx: RequestContext,
+        services: Option<crate::plugin::AdapterServices>,
     ) -> Result<Self, PluginError> {
         let plugin = host.get(name, Kind::ApiAdapter)?;
         let pre = plugin
@@ -65,6 +69,7 @@ impl AdapterCall {
             .as_ref()
             .ok_or_else(|| failed(name, "instantiate", "no api-adapter world"))?;
         let mut store = host.new_store(Kind::ApiAdapter);
+        store.data_mut().services = services;
         let bindings = match pre {
             AdapterPre::V1(pre) => pre.instantiate(&mut store).map(Bindings::V1),
             AdapterPre::V2(pre) => pre.instantiate(&mut store).map(Bindings::V2),

@@ -20,10 +20,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use tokio::sync::mpsc;
 
+use crate::cache::ResponseStore;
 use crate::engine::{FinishReason, GenerateError, GenerateSummary};
 use crate::output::{merge, GenerationEvent, OutputPipeline};
 use crate::plugin::bindings::v2::tool_parser::mlxhost::plugin::types::FinishReason as WitFinish;
-use crate::plugin::{LivePlugins, PluginError, PluginHost};
+use crate::plugin::{AdapterServices, LivePlugins, PluginError, PluginHost};
 
 use super::adapter::{
     host_error, Action, AdapterCall, ApiError, ErrorKind, GenerationUpdate, HttpRequest,
@@ -51,6 +52,8 @@ pub struct AppState {
     pub shutting_down: AtomicBool,
     /// Output pipeline counters, for `/stats`.
     pub output: OutputStats,
+    /// Stored responses adapters keep (`--response-store-*`).
+    pub response_store: Option<Arc<ResponseStore>>,
 }
 
 /// What the output pipelines saw, since start (`/stats` `output`).
@@ -129,7 +132,8 @@ pub async fn health(State(app): State<Arc<AppState>>) -> Response {
 /// waiting requests, prefill tokens per step, batch occupancy, step time
 /// and plugin share per batch size; see `SchedulerStats`), the output
 /// pipelines' (`output`: tool calls, invalid tool calls returned as
-/// content, parser failures) and the requests in flight.
+/// content, parser failures), the response store's (`response_store`:
+/// entries, bytes, cap; null when off) and the requests in flight.
 pub async fn stats(State(app): State<Arc<AppState>>) -> Response {
     let cache = app
         .engine
@@ -150,6 +154,7 @@ pub async fn stats(State(app): State<Arc<AppState>>) -> Response {
         "prompt_cache": cache,
         "ssd_cache": ssd,
         "output": app.output.json(),
+        "response_store": app.response_store.as_ref().map(|s| s.stats()),
     }))
     .into_response()
 }
@@ -166,12 +171,12 @@ pub async fn dispatch(
     let routes = super::adapter_routes(&plugins);
     let Some(adapter) = routes
         .iter()
-        .find(|(m, p, _)| *m == method && *p == path)
+        .find(|(m, p, _)| *m == method && super::route_matches(p, &path))
         .map(|(_, _, a)| a.clone())
     else {
         let allowed: Vec<&str> = routes
             .iter()
-            .filter(|(_, p, _)| *p == path)
+            .filter(|(_, p, _)| super::route_matches(p, &path))
             .map(|(m, _, _)| m.as_str())
             .collect();
         if !allowed.is_empty() {
@@ -200,7 +205,8 @@ pub async fn dispatch(
             .unwrap_or(0),
         model_id: frontend.model_id.clone(),
     };
-    let mut call = match AdapterCall::new(plugins.clone(), &adapter, ctx) {
+    let services = adapter_services(&app, &adapter, &frontend);
+    let mut call = match AdapterCall::new(plugins.clone(), &adapter, ctx, Some(services)) {
         Ok(c) => c,
         Err(e) => return response(host_error(&plugin_error(&e))),
     };
@@ -290,6 +296,21 @@ pub async fn dispatch(
         Err(e) => return response(host_error(&plugin_error(&e))),
     };
     run_generation(app, call, prepared, frontend, request_id, plugins).await
+}
+
+/// What adapter `name` may call while serving one request: its part of
+/// the response store and the served model's prompt counter.
+fn adapter_services(app: &Arc<AppState>, name: &str, frontend: &Arc<Frontend>) -> AdapterServices {
+    let frontend = frontend.clone();
+    let defaults = app.defaults.clone();
+    let count = move |g: super::adapter::GenerationRequest| {
+        super::request::count_prompt_tokens(&g, &frontend, &defaults).map_err(|e| e.message)
+    };
+    AdapterServices {
+        namespace: name.to_string(),
+        store: app.response_store.clone(),
+        count_tokens: Some(Arc::new(count)),
+    }
 }
 
 /// Queues the job and renders its events.

@@ -46,6 +46,8 @@ pub struct ServeConfig {
     /// The continuous-batching scheduler's settings (`--batch`,
     /// `--prefill-budget`).
     pub schedule: SchedulerConfig,
+    /// Stored responses adapters keep (`--response-store-*`); `None` = none.
+    pub response_store: Option<Arc<crate::cache::ResponseStore>>,
 }
 
 /// Errors that stop the server.
@@ -126,7 +128,28 @@ pub fn adapter_routes(plugins: &PluginHost) -> Vec<(String, String, String)> {
             routes.push((method.clone(), path.clone(), p.manifest.name.clone()));
         }
     }
+    // Literal paths are tried before `{name}` patterns, so
+    // `/v1/responses/input_tokens` wins over `/v1/responses/{id}`.
+    routes.sort_by_key(|(_, path, _)| path.contains('{'));
     routes
+}
+
+/// Whether request path `path` matches route `pattern`: equal segment by
+/// segment, a `{name}` segment matching any one non-empty segment.
+pub fn route_matches(pattern: &str, path: &str) -> bool {
+    let (mut p, mut q) = (pattern.split('/'), path.split('/'));
+    loop {
+        match (p.next(), q.next()) {
+            (None, None) => return true,
+            (Some(a), Some(b)) if a.starts_with('{') && a.ends_with('}') => {
+                if b.is_empty() {
+                    return false;
+                }
+            }
+            (Some(a), Some(b)) if a == b => {}
+            _ => return false,
+        }
+    }
 }
 
 async fn serve(
@@ -160,6 +183,7 @@ async fn serve(
         max_queue: config.max_queue,
         shutting_down: AtomicBool::new(false),
         output: Default::default(),
+        response_store: config.response_store,
     });
     let router = axum::Router::new()
         .route("/health", get(http::health))
@@ -330,4 +354,23 @@ fn process_start_nanos() -> u128 {
             .map(|d| d.as_nanos())
             .unwrap_or(0)
     })
+}
+
+#[cfg(test)]
+mod route_tests {
+    use super::route_matches;
+
+    #[test]
+    fn placeholders_match_one_non_empty_segment() {
+        assert!(route_matches("/v1/models", "/v1/models"));
+        assert!(!route_matches("/v1/models", "/v1/models/x"));
+        assert!(route_matches("/v1/responses/{id}", "/v1/responses/resp_1"));
+        assert!(!route_matches("/v1/responses/{id}", "/v1/responses/"));
+        assert!(!route_matches("/v1/responses/{id}", "/v1/responses"));
+        assert!(!route_matches("/v1/responses/{id}", "/v1/responses/a/b"));
+        assert!(route_matches(
+            "/v1/responses/{id}/input_items",
+            "/v1/responses/r/input_items"
+        ));
+    }
 }

@@ -183,16 +183,8 @@ pub fn prepare(
         ));
     }
 
-    let kwargs = match serde_json::from_str::<serde_json::Value>(&g.chat_template_kwargs) {
-        Ok(serde_json::Value::Object(m)) => m,
-        _ => {
-            return Err(bad(
-                Some("chat_template_kwargs"),
-                "`chat_template_kwargs` must be a JSON object",
-            ))
-        }
-    };
-    let tools_on = !g.tools.is_empty() && !matches!(g.tool_choice, ToolChoice::None);
+    let kwargs = template_kwargs(&g)?;
+    let tools_on = tools_on(&g);
     if let ToolChoice::Named(name) = &g.tool_choice {
         if !g.tools.iter().any(|t| &t.name == name) {
             return Err(bad(
@@ -412,6 +404,38 @@ fn common_prefix_len(a: &str, b: &str) -> usize {
 /// template (with the server's system message when the request has none,
 /// tools when `tools_on`, and `kwargs`), raw text tokenized, or ids checked
 /// against the vocabulary.
+/// `chat_template_kwargs` as an object. Errors: a 400 naming the field.
+fn template_kwargs(
+    g: &GenerationRequest,
+) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
+    match serde_json::from_str::<serde_json::Value>(&g.chat_template_kwargs) {
+        Ok(serde_json::Value::Object(m)) => Ok(m),
+        _ => Err(bad(
+            Some("chat_template_kwargs"),
+            "`chat_template_kwargs` must be a JSON object",
+        )),
+    }
+}
+
+/// Whether the request's tools are offered to the model.
+fn tools_on(g: &GenerationRequest) -> bool {
+    !g.tools.is_empty() && !matches!(g.tool_choice, ToolChoice::None)
+}
+
+/// The number of prompt tokens `g` takes, exactly as [`prepare`] would
+/// tokenize it (chat template with tools, `--system`, BOS): the `prompt`
+/// service adapters call for Anthropic `count_tokens` and OpenAI
+/// `/v1/responses/input_tokens`. Errors: the 400 the prompt would get.
+pub fn count_prompt_tokens(
+    g: &GenerationRequest,
+    frontend: &Frontend,
+    defaults: &Defaults,
+) -> Result<u32, ApiError> {
+    let kwargs = template_kwargs(g)?;
+    let (ids, _) = prompt_ids(g, &kwargs, tools_on(g), frontend, defaults)?;
+    Ok(ids.len() as u32)
+}
+
 fn prompt_ids(
     g: &GenerationRequest,
     kwargs: &serde_json::Map<String, serde_json::Value>,

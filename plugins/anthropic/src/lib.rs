@@ -2,8 +2,8 @@
 //! HTTP, on `mlxhost:plugin@0.2.0` (content blocks, tool use, thinking).
 //!
 //! Routes: `POST /v1/messages` (streamed as Anthropic's named SSE events,
-//! or one `message`) and `POST /v1/messages/count_tokens` (501: an adapter
-//! cannot tokenize; see docs/anthropic.md). `request` turns the body into
+//! or one `message`) and `POST /v1/messages/count_tokens` (the prompt's
+//! tokens, counted by the host: WIT `prompt`). `request` turns the body into
 //! the canonical generation request; `render` turns the host's generation
 //! events into Anthropic's content blocks. The host creates one instance
 //! per HTTP request, so the stream's state (which block is open, its
@@ -20,6 +20,7 @@ use mlxhost_plugin_sdk::v2::adapter::exports::mlxhost::plugin::api_adapter::{
     self as api, Action, ApiError, ErrorKind, GenerationUpdate, HttpRequest, HttpResponse,
     RequestContext, Route, SseEvent,
 };
+use mlxhost_plugin_sdk::v2::adapter::mlxhost::plugin::prompt;
 use serde_json::json;
 
 const MESSAGES: &str = "/v1/messages";
@@ -73,20 +74,25 @@ impl api::Guest for Adapter {
                     },
                 )),
             },
-            // Counting needs the chat template and the tokenizer, which only
-            // the host has; an estimate would be a wrong number.
-            ("POST", COUNT_TOKENS) => Action::Respond(json_response(
-                501,
-                json!({
-                    "type": "error",
-                    "error": {
-                        "type": "api_error",
-                        "message": "count_tokens is not supported by this server yet",
-                    },
-                    "request_id": ctx.request_id,
+            // The host counts: the same chat template and tokenizer a
+            // generation uses (WIT `prompt.count-tokens`).
+            ("POST", COUNT_TOKENS) => {
+                let counted = request::parse_count(&req.body)
+                    .map_err(|invalid| (invalid.message, invalid.param))
+                    .and_then(|g| prompt::count_tokens(&g).map_err(|m| (m, None)));
+                Action::Respond(match counted {
+                    Ok(n) => json_response(200, json!({ "input_tokens": n }).to_string()),
+                    Err((message, param)) => error_response(
+                        &ctx,
+                        &ApiError {
+                            status: 400,
+                            kind: ErrorKind::InvalidRequest,
+                            message,
+                            param,
+                        },
+                    ),
                 })
-                .to_string(),
-            )),
+            }
             (method, path) => Action::Respond(error_response(
                 &ctx,
                 &ApiError {

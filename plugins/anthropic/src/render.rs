@@ -14,6 +14,7 @@ use mlxhost_plugin_sdk::v2::adapter::exports::mlxhost::plugin::api_adapter::{
     ApiError, ErrorKind, GenerationUpdate, RequestContext, Usage,
 };
 use mlxhost_plugin_sdk::v2::adapter::mlxhost::plugin::types::{FinishReason, GenerationEvent};
+pub use mlxhost_plugin_sdk::v2::blocks::{fold, Blocks, Built, Delta, Start, Step};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -63,120 +64,6 @@ pub fn usage(u: Option<&Usage>, output: bool) -> Value {
     })
 }
 
-/// How a content block begins.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Start {
-    Text,
-    Thinking,
-    /// The host's call id (mapped by `tool_use_id` when rendered) and name.
-    ToolUse {
-        id: String,
-        name: String,
-    },
-}
-
-/// More of a content block.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Delta {
-    Text(String),
-    Thinking(String),
-    /// A fragment of a tool call's arguments (`input_json_delta`).
-    Json(String),
-}
-
-/// One step of the block sequence; `u32` is the block's index.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Step {
-    Start(u32, Start),
-    Delta(u32, Delta),
-    Stop(u32),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Kind {
-    Text,
-    Thinking,
-    Tool(u32),
-}
-
-/// Cuts events into content blocks: a block stays open while events of its
-/// kind arrive; a tool call's block closes at its end. Empty texts start
-/// nothing.
-#[derive(Debug, Default)]
-pub struct Blocks {
-    open: Option<(u32, Kind)>,
-    next: u32,
-    /// (call index, block index) of every call seen.
-    calls: Vec<(u32, u32)>,
-}
-
-impl Blocks {
-    fn close(&mut self, out: &mut Vec<Step>) {
-        if let Some((index, _)) = self.open.take() {
-            out.push(Step::Stop(index));
-        }
-    }
-
-    /// The open block of `kind`, or a new one (closing the open one).
-    fn ensure(&mut self, kind: Kind, start: Start, out: &mut Vec<Step>) -> u32 {
-        match self.open {
-            Some((index, k)) if k == kind => index,
-            _ => {
-                self.close(out);
-                let index = self.next;
-                self.next += 1;
-                self.open = Some((index, kind));
-                out.push(Step::Start(index, start));
-                index
-            }
-        }
-    }
-
-    pub fn feed(&mut self, events: &[GenerationEvent], out: &mut Vec<Step>) {
-        for e in events {
-            match e {
-                GenerationEvent::Text(t) | GenerationEvent::InvalidCall(t) if !t.is_empty() => {
-                    let index = self.ensure(Kind::Text, Start::Text, out);
-                    out.push(Step::Delta(index, Delta::Text(t.clone())));
-                }
-                GenerationEvent::Reasoning(r) if !r.is_empty() => {
-                    let index = self.ensure(Kind::Thinking, Start::Thinking, out);
-                    out.push(Step::Delta(index, Delta::Thinking(r.clone())));
-                }
-                GenerationEvent::ToolCallStart(s) => {
-                    // A new call always starts a new block.
-                    self.close(out);
-                    let start = Start::ToolUse {
-                        id: s.id.clone(),
-                        name: s.name.clone(),
-                    };
-                    let index = self.ensure(Kind::Tool(s.index), start, out);
-                    self.calls.push((s.index, index));
-                }
-                GenerationEvent::ToolCallArgumentsDelta(d) if !d.arguments.is_empty() => {
-                    // The host sends fragments only for an open call, so
-                    // this is the open block; a fragment for an unknown
-                    // call has nowhere to go and is dropped.
-                    if let Some(&(_, index)) = self.calls.iter().find(|(c, _)| *c == d.index) {
-                        out.push(Step::Delta(index, Delta::Json(d.arguments.clone())));
-                    }
-                }
-                GenerationEvent::ToolCallEnd(i) => {
-                    if matches!(self.open, Some((_, Kind::Tool(c))) if c == *i) {
-                        self.close(out);
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// End of the generation: closes the open block.
-    pub fn finish(&mut self, out: &mut Vec<Step>) {
-        self.close(out);
-    }
-}
-
 /// A content block of the non-streamed message.
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -207,43 +94,21 @@ fn input(arguments: &str) -> Box<RawValue> {
     .expect("valid JSON")
 }
 
-/// The non-streamed message's content blocks, from the steps of `events`.
+/// The non-streamed message's content blocks.
 fn blocks(events: &[GenerationEvent]) -> Vec<Block> {
-    enum Building {
-        Text(String),
-        Thinking(String),
-        Tool(String, String, String),
-    }
-    let mut steps = Vec::new();
-    let mut b = Blocks::default();
-    b.feed(events, &mut steps);
-    b.finish(&mut steps);
-    let mut built: Vec<Building> = Vec::new();
-    for step in steps {
-        match step {
-            Step::Start(_, Start::Text) => built.push(Building::Text(String::new())),
-            Step::Start(_, Start::Thinking) => built.push(Building::Thinking(String::new())),
-            Step::Start(_, Start::ToolUse { id, name }) => {
-                built.push(Building::Tool(id, name, String::new()))
-            }
-            Step::Delta(index, delta) => match (&mut built[index as usize], delta) {
-                (Building::Text(t), Delta::Text(d))
-                | (Building::Thinking(t), Delta::Thinking(d))
-                | (Building::Tool(_, _, t), Delta::Json(d)) => t.push_str(&d),
-                _ => unreachable!("a delta of another kind than its block"),
-            },
-            Step::Stop(_) => {}
-        }
-    }
-    built
+    fold(events)
         .into_iter()
         .map(|b| match b {
-            Building::Text(text) => Block::Text { text },
-            Building::Thinking(thinking) => Block::Thinking {
+            Built::Text(text) => Block::Text { text },
+            Built::Thinking(thinking) => Block::Thinking {
                 thinking,
                 signature: String::new(),
             },
-            Building::Tool(id, name, arguments) => Block::ToolUse {
+            Built::ToolUse {
+                id,
+                name,
+                arguments,
+            } => Block::ToolUse {
                 id: tool_use_id(&id),
                 name,
                 input: input(&arguments),

@@ -64,6 +64,16 @@ fn body_error(why: impl Into<String>) -> Invalid {
 
 /// Parses and validates a `/v1/messages` body.
 pub fn parse(body: &[u8]) -> Result<GenerationRequest, Invalid> {
+    parse_body(body, false)
+}
+
+/// Parses and validates a `/v1/messages/count_tokens` body: the same
+/// fields, with `max_tokens` optional (Anthropic's count_tokens takes none).
+pub fn parse_count(body: &[u8]) -> Result<GenerationRequest, Invalid> {
+    parse_body(body, true)
+}
+
+fn parse_body(body: &[u8], counting: bool) -> Result<GenerationRequest, Invalid> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| body_error(format!("the request body is not valid JSON: {e}")))?;
     let obj = value
@@ -73,6 +83,7 @@ pub fn parse(body: &[u8]) -> Result<GenerationRequest, Invalid> {
     // Required by Anthropic; any model name is served by the loaded model.
     f.string("model")?;
     let max_tokens = match f.get("max_tokens") {
+        None if counting => None,
         None => return Err(invalid("max_tokens", "field required (an integer >= 1)")),
         Some(_) => match f.uint("max_tokens")? {
             Some(0) => return Err(invalid("max_tokens", "must be at least 1")),

@@ -656,13 +656,33 @@ fn routes_and_direct_responses() {
     assert!(v["error"]["message"].as_str().unwrap().contains("nope"));
     assert_eq!(v["request_id"], "r1");
 
-    let r = handle("POST", "/v1/messages/count_tokens", body(json!({})));
-    assert_eq!(r.status, 501);
-    let v: Value = serde_json::from_slice(&r.body).unwrap();
-    assert_eq!(
-        v["error"],
-        json!({"type": "api_error", "message": "count_tokens is not supported by this server yet"})
+    // count_tokens takes the same body without `max_tokens`; a bad one is
+    // a 400 before the host is asked to count.
+    let r = handle(
+        "POST",
+        "/v1/messages/count_tokens",
+        json!({"model": "m", "messages": []}),
     );
+    assert_eq!(r.status, 400);
+    let v: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("messages: "));
+    let counted = crate::request::parse_count(
+        json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+            .to_string()
+            .as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(counted.max_tokens, None);
+    assert!(crate::request::parse(
+        json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+            .to_string()
+            .as_bytes()
+    )
+    .is_err());
 
     let r = handle("GET", "/v1/messages", json!({}));
     assert_eq!(r.status, 404);

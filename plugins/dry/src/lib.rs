@@ -54,44 +54,74 @@ fn error(message: String) -> PluginError {
     PluginError { message }
 }
 
-fn number(obj: &serde_json::Map<String, Value>, key: &str, default: f64) -> Result<f64, PluginError> {
+fn number(
+    obj: &serde_json::Map<String, Value>,
+    key: &str,
+    default: f64,
+) -> Result<f64, PluginError> {
     match obj.get(key) {
         None => Ok(default),
-        Some(v) => v.as_f64().ok_or_else(|| error(format!("`{key}` must be a number, got {v}"))),
+        Some(v) => v
+            .as_f64()
+            .ok_or_else(|| error(format!("`{key}` must be a number, got {v}"))),
     }
 }
 
 impl api::GuestSession for Dry {
     fn create(p: SamplingParams) -> Result<api::Session, PluginError> {
-        let extra: Value = serde_json::from_str(&p.extra).map_err(|e| error(format!("parameters are not JSON: {e}")))?;
+        let extra: Value = serde_json::from_str(&p.extra)
+            .map_err(|e| error(format!("parameters are not JSON: {e}")))?;
         let obj = extra.as_object().cloned().unwrap_or_default();
-        const KNOWN: [&str; 5] = ["multiplier", "base", "allowed_length", "penalty_last_n", "sequence_breakers"];
+        const KNOWN: [&str; 5] = [
+            "multiplier",
+            "base",
+            "allowed_length",
+            "penalty_last_n",
+            "sequence_breakers",
+        ];
         if let Some(k) = obj.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-            return Err(error(format!("unknown parameter `{k}` (dry takes {})", KNOWN.join(", "))));
+            return Err(error(format!(
+                "unknown parameter `{k}` (dry takes {})",
+                KNOWN.join(", ")
+            )));
         }
         let multiplier = number(&obj, "multiplier", 0.8)? as f32;
         let base = number(&obj, "base", 1.75)? as f32;
         let allowed_length = number(&obj, "allowed_length", 2.0)?;
         let penalty_last_n = number(&obj, "penalty_last_n", -1.0)?;
         if !(multiplier >= 0.0 && multiplier.is_finite()) {
-            return Err(error(format!("`multiplier` must be >= 0, got {multiplier}")));
+            return Err(error(format!(
+                "`multiplier` must be >= 0, got {multiplier}"
+            )));
         }
         if !(base >= 1.0 && base.is_finite()) {
             return Err(error(format!("`base` must be >= 1, got {base}")));
         }
         if allowed_length < 1.0 || allowed_length.fract() != 0.0 {
-            return Err(error(format!("`allowed_length` must be an integer >= 1, got {allowed_length}")));
+            return Err(error(format!(
+                "`allowed_length` must be an integer >= 1, got {allowed_length}"
+            )));
         }
         if penalty_last_n < -1.0 || penalty_last_n.fract() != 0.0 {
-            return Err(error(format!("`penalty_last_n` must be -1 or an integer >= 0, got {penalty_last_n}")));
+            return Err(error(format!(
+                "`penalty_last_n` must be -1 or an integer >= 0, got {penalty_last_n}"
+            )));
         }
         let texts: Vec<String> = match obj.get("sequence_breakers") {
             None => ["\n", ":", "\"", "*"].map(String::from).to_vec(),
             Some(Value::Array(items)) => items
                 .iter()
-                .map(|v| v.as_str().map(String::from).ok_or_else(|| error("`sequence_breakers` must be strings".into())))
+                .map(|v| {
+                    v.as_str()
+                        .map(String::from)
+                        .ok_or_else(|| error("`sequence_breakers` must be strings".into()))
+                })
                 .collect::<Result<_, _>>()?,
-            Some(v) => return Err(error(format!("`sequence_breakers` must be an array of strings, got {v}"))),
+            Some(v) => {
+                return Err(error(format!(
+                    "`sequence_breakers` must be an array of strings, got {v}"
+                )))
+            }
         };
         let mut breakers: HashMap<u32, Vec<Vec<u32>>> = HashMap::new();
         if multiplier > 0.0 && penalty_last_n != 0.0 {
@@ -153,7 +183,9 @@ impl Dry {
         // Step 1: the most recent restart sequence limits repeat lengths.
         let mut rep_limit = n;
         for i in 0..n {
-            let Some(tails) = self.breakers.get(&rat(i)) else { continue };
+            let Some(tails) = self.breakers.get(&rat(i)) else {
+                continue;
+            };
             let mut longest: Option<usize> = None;
             for tail in tails {
                 let seq_len = tail.len();
@@ -219,11 +251,18 @@ impl Dry {
 
         // Step 4: penalties, clamped against float overflow; a token that is
         // a sequence breaker on its own is never penalized.
-        let max_exponent = if self.base > 1.000_001 { (88.722_84f32 / self.base.ln()) as i64 } else { 0 };
+        let max_exponent = if self.base > 1.000_001 {
+            (88.722_84f32 / self.base.ln()) as i64
+        } else {
+            0
+        };
         let mut ids = Vec::new();
         let mut penalties = Vec::new();
         for (token, len) in max_repeat {
-            let single = self.breakers.get(&token).is_some_and(|tails| tails.iter().any(Vec::is_empty));
+            let single = self
+                .breakers
+                .get(&token)
+                .is_some_and(|tails| tails.iter().any(Vec::is_empty));
             if single {
                 continue;
             }

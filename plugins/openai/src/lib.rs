@@ -2,7 +2,8 @@
 //! Completions over the host's HTTP, on `mlxhost:plugin@0.2.0` (content
 //! parts, tool calls, reasoning).
 //!
-//! Routes: `GET /v1/models`, `POST /v1/chat/completions` (streamed as SSE
+//! Routes: `GET /v1/models` and `GET /v1/models/{model}` (OpenAI's shape,
+//! or Anthropic's when the request carries `anthropic-version`), `POST /v1/chat/completions` (streamed as SSE
 //! `chat.completion.chunk`s ending in `data: [DONE]`, or one
 //! `chat.completion`), `POST /v1/completions` (`completions`: a text or
 //! token-id prompt, `text_completion` objects, streamed or not).
@@ -15,6 +16,7 @@
 mod completions;
 #[cfg(test)]
 mod completions_tests;
+mod models;
 mod render;
 mod request;
 #[cfg(test)]
@@ -26,13 +28,13 @@ use mlxhost_plugin_sdk::v2::adapter::exports::mlxhost::plugin::api_adapter::{
     self as api, Action, ApiError, ErrorKind, GenerationUpdate, HttpRequest, HttpResponse,
     RequestContext, Route, SseEvent,
 };
-use serde_json::json;
 
 use request::{Endpoint, Invalid, RenderOptions};
 
 const CHAT: &str = "/v1/chat/completions";
 const COMPLETIONS: &str = "/v1/completions";
 const MODELS: &str = "/v1/models";
+const MODEL: &str = "/v1/models/{model}";
 
 thread_local! {
     static OPTIONS: RefCell<RenderOptions> = RefCell::new(RenderOptions::default());
@@ -81,6 +83,10 @@ impl api::Guest for Adapter {
                 path: MODELS.into(),
             },
             Route {
+                method: "GET".into(),
+                path: MODEL.into(),
+            },
+            Route {
                 method: "POST".into(),
                 path: CHAT.into(),
             },
@@ -93,17 +99,11 @@ impl api::Guest for Adapter {
 
     fn handle(ctx: RequestContext, req: HttpRequest) -> Action {
         match (req.method.as_str(), req.path.as_str()) {
-            ("GET", MODELS) => Action::Respond(json_response(
-                200,
-                json!({
-                    "object": "list",
-                    "data": [{
-                        "id": ctx.model_id,
-                        "object": "model",
-                        "created": ctx.created,
-                        "owned_by": "mlxhost",
-                    }],
-                }),
+            ("GET", MODELS) => Action::Respond(models::list(&ctx, &req.headers)),
+            ("GET", path) if path.starts_with(MODELS) => Action::Respond(models::retrieve(
+                &ctx,
+                &req.headers,
+                &path[MODELS.len() + 1..],
             )),
             ("POST", CHAT) => generate_or_400(request::parse(&req.body)),
             ("POST", COMPLETIONS) => generate_or_400(completions::parse(&req.body)),

@@ -53,6 +53,9 @@ pub mod adapter {
 
 /// Bindings for `mlxhost:plugin@0.2.0` (`wit/0.2.0/plugin.wit`).
 pub mod v2 {
+    /// Content blocks / output items from generation events.
+    pub mod blocks;
+
     /// The `tool-call-parser-plugin` world.
     pub mod tool_parser {
         wit_bindgen::generate!({
@@ -91,6 +94,10 @@ pub mod v2 {
         });
     }
 }
+
+/// JSON request fields for adapters (feature `json`).
+#[cfg(feature = "json")]
+pub mod fields;
 
 /// Parses a plugin's `extra` parameters (a JSON object) into `(key, value)`
 /// number pairs, for plugins that take simple numeric options without a JSON

@@ -15,7 +15,12 @@ impl api::GuestSession for Session {
         Ok(api::Session::new(Session))
     }
 
-    fn sample(&self, _logits: &Logits, _history: &History, _step: u32) -> Result<Choice, PluginError> {
+    fn sample(
+        &self,
+        _logits: &Logits,
+        _history: &History,
+        _step: u32,
+    ) -> Result<Choice, PluginError> {
         Ok(Choice::Host(u32::MAX))
     }
 

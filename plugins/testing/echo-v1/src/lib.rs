@@ -134,7 +134,10 @@ impl api::Guest for Adapter {
     }
 
     fn render_error(_ctx: RequestContext, error: ApiError) -> HttpResponse {
-        respond(error.status, json!({"error": error.message, "param": error.param}))
+        respond(
+            error.status,
+            json!({"error": error.message, "param": error.param}),
+        )
     }
 }
 

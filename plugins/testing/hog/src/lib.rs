@@ -15,7 +15,12 @@ impl api::GuestSession for Session {
         Ok(api::Session::new(Session))
     }
 
-    fn sample(&self, logits: &Logits, _history: &History, _step: u32) -> Result<Choice, PluginError> {
+    fn sample(
+        &self,
+        logits: &Logits,
+        _history: &History,
+        _step: u32,
+    ) -> Result<Choice, PluginError> {
         let mut hoard: Vec<Vec<u8>> = Vec::new();
         loop {
             hoard.push(vec![1u8; 1 << 20]);

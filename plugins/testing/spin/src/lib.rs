@@ -15,7 +15,12 @@ impl api::GuestSession for Session {
         Ok(api::Session::new(Session))
     }
 
-    fn sample(&self, logits: &Logits, _history: &History, step: u32) -> Result<Choice, PluginError> {
+    fn sample(
+        &self,
+        logits: &Logits,
+        _history: &History,
+        step: u32,
+    ) -> Result<Choice, PluginError> {
         let mut x = step as u64;
         loop {
             x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
