@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds the four `no-repeat` example plugins (Rust, C, JavaScript, Python) into components next
-# to their plugin.toml, so each folder can be copied into a plugins directory as is. Installs the
-# toolchains first (scripts/setup-examples.sh). Idempotent. Compiled components are cached by the
-# host on first load, so the 12-18 MB JS/Python components start fast after the first time.
+# Builds the four `no-repeat` example plugins (Rust, C, JavaScript, Python) and the `ollama-js`
+# API adapter (JavaScript) into components next to their plugin.toml, so each folder can be
+# copied into a plugins directory as is. Installs the toolchains first (scripts/setup-examples.sh).
+# Idempotent. Compiled components are cached by the host on first load, so the 12-18 MB
+# JS/Python components start fast after the first time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup-examples.sh
@@ -28,6 +29,10 @@ clang-19 --target=wasm32-wasi -mexec-model=reactor -O2 -I "$GEN" \
 # JavaScript: componentize-js with every WASI feature disabled (the host grants none).
 "$TOOLS/node_modules/.bin/componentize-js" "$EX/no-repeat-js/no-repeat.js" --wit "$WIT" \
   -n logits-processor-plugin -d stdio random clocks http fetch-event -o "$EX/no-repeat-js/no-repeat-js.wasm" >/dev/null
+
+# JavaScript API adapter (WIT 0.2.0): the Ollama-style chat example.
+"$TOOLS/node_modules/.bin/componentize-js" "$EX/ollama-js/ollama.js" --wit "$WIT/0.2.0" \
+  -n api-adapter-plugin -d stdio random clocks http fetch-event -o "$EX/ollama-js/ollama-js.wasm" >/dev/null
 
 # Python: componentize-py with WASI stubbed out.
 (cd "$EX/no-repeat-py" && "$TOOLS/venv-componentize-py/bin/componentize-py" -d "$WIT" -w logits-processor-plugin \
