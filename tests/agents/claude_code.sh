@@ -5,7 +5,8 @@
 # Env: MLXHOST_BIN (default target/debug/mlxhost), CLAUDE_CODE_VERSION (2.1.197, the version
 # the results in the README were seen with), CLAUDE_CODE_PREFIX (install cache,
 # default ~/.cache/mlxhost/agents/claude-code), CC_FULL=1 also runs full (non --bare) mode
-# (slow on a debug build: ~3k prompt tokens), KEEP=1 keeps the temp dir.
+# (slow on a debug build: ~3k prompt tokens), CC_QWEN=1 also runs full mode with
+# Qwen2.5-Coder-0.5B (~20k prompt tokens: use a release build), KEEP=1 keeps the temp dir.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 MLXHOST=${MLXHOST_BIN:-$ROOT/target/debug/mlxhost}
@@ -86,6 +87,24 @@ if [ "${CC_FULL:-0}" = 1 ]; then
   ptok=$(grep -o 'prompt_tokens=[0-9]*' "$T/full/server.log" | head -1)
   [ "$rc" = 0 ] && [ "$err" = False ]
   check "full mode" $? "rc=$rc is_error=$err result='$res'; tools=$ntools $ptok; requests: $(sizes)"
+  stop
+fi
+
+# --- 5. full mode with a real tool-calling model (optional: CC_QWEN=1) --------------------
+# Qwen2.5-Coder-0.5B-Instruct renders the 24 tools into its prompt (~20k tokens of its 32k
+# context) and answers with its own tokens (the standard sampler, greedy): a real model
+# behind the whole agent request. Slow on CPU: use a release build (MLXHOST_BIN).
+if [ "${CC_QWEN:-0}" = 1 ]; then
+  SAMPLER=standard START_TRIES=1200 start qwen "" --model qwen2.5-coder-0.5b
+  D=$T/qwen; rc=$(CC_TIMEOUT=${CC_QWEN_TIMEOUT:-1800} claude "$D" -p "Reply with one short sentence: what is 2 + 2?" --max-turns 1)
+  res=$(jget "$D/out.json" 'j["result"]'); err=$(jget "$D/out.json" 'j["is_error"]')
+  sub=$(jget "$D/out.json" 'j["subtype"]')
+  ntools=$(jget "$LOG/$(ls "$LOG" | grep -m1 '^[0-9]*\.json$')" 'len(j.get("tools") or [])')
+  ptok=$(grep -o 'prompt_tokens=[0-9]*' "$T/qwen/server.log" | sort -t= -k2 -n | tail -1)
+  # Success, or the turn limit after a tool call the model chose to make: both are a
+  # well-formed agent turn served end to end (an API error would be is_error with rc 1).
+  [ "$err" = False ] || [ "$sub" = error_max_turns ]
+  check "full mode, Qwen2.5-Coder" $? "rc=$rc is_error=$err subtype=$sub result='${res:0:120}'; tools=$ntools $ptok; requests: $(sizes)"
   stop
 fi
 

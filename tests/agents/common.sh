@@ -69,6 +69,7 @@ EOF
 
 # --- start: plugin folder with the scripted sampler's [defaults] = the reply script -----
 # start NAME SCRIPT_TEXT: starts mlxhost + proxy; sets PORT (the proxy's) and LOG.
+# SAMPLER=standard serves the real model's own tokens instead of the script.
 start() {
   local name=$1 text=$2 d=$T/$1
   mkdir -p "$d/plugins"
@@ -84,10 +85,10 @@ base = open(sys.argv[1]).read()
 open(sys.argv[2], "w").write(base + "\n[defaults]\ntext = " + json.dumps(os.environ["TEXT"]) + "\n")
 EOF
   MLXHOST_LOG=${MLXHOST_LOG:-info} "$MLXHOST" serve --port 0 --plugins "$d/plugins" \
-    --tool-parser hermes --sampler scripted "${@:3}" >"$d/server.log" 2>&1 &
+    --tool-parser hermes --sampler "${SAMPLER:-scripted}" "${@:3}" >"$d/server.log" 2>&1 &
   PIDS+=($!)
   local up=""
-  for _ in $(seq 1 240); do
+  for _ in $(seq 1 "${START_TRIES:-240}"); do
     up=$(grep -o 'serving .* at http://127.0.0.1:[0-9]*' "$d/server.log" | grep -o '[0-9]*$')
     [ -n "$up" ] && break; sleep 0.25
   done

@@ -1,7 +1,8 @@
 """Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, qwen2 architecture) served over HTTP, against what
 llama.cpp does with the same file (tests/fixtures/models/...llama-cpp.json, made by
 benches/make_model_fixtures.py): greedy text equal up to the first near-tie, and a real tool
-round trip through the official `openai` SDK with the tools rendered by the model's own chat
+round trip through the official `openai` SDK (Chat Completions and Responses) and the official
+`anthropic` SDK (Messages) with the tools rendered by the model's own chat
 template (this model answers with a bare `{"name": ..., "arguments": ...}` object, which the
 hermes parser takes as a call when it names a declared tool).
 
@@ -10,6 +11,7 @@ Needs `mlxhost models pull qwen2.5-coder-0.5b` (scripts/test.sh does it).
 
 import json
 
+import anthropic
 import pytest
 
 from conftest import ROOT, Server, steps_before_near_tie
@@ -97,3 +99,60 @@ def test_streamed_tool_call_equals_the_non_streamed_one(qwen):
                 args += tc.function.arguments or ""
             finish = d.finish_reason or finish
     assert (name, json.loads(args), finish) == ("get_weather", {"city": "Paris"}, "tool_calls")
+
+
+def responses_tool(chat_tool):
+    f = chat_tool["function"]
+    return {"type": "function", "name": f["name"], "description": f.get("description", ""),
+            "parameters": f["parameters"]}
+
+
+def anthropic_tool(chat_tool):
+    f = chat_tool["function"]
+    return {"name": f["name"], "description": f.get("description", ""), "input_schema": f["parameters"]}
+
+
+def test_tool_round_trip_through_the_responses_api(qwen):
+    c = qwen.client()
+    tools = [responses_tool(t) for t in WEATHER]
+    r = c.responses.create(model="qwen2.5-coder-0.5b", input=QUESTION, tools=tools,
+                           temperature=0, max_output_tokens=64)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert r.status == "completed" and calls, r.output
+    assert calls[0].name == "get_weather" and json.loads(calls[0].arguments) == {"city": "Paris"}
+    # The same prompt as Chat Completions renders: the model's template with the tools.
+    assert r.usage.input_tokens == len(FIXTURE["cases"][2]["prompt_ids"])
+    # The output goes back through previous_response_id, as Codex CLI sends it.
+    r2 = c.responses.create(
+        model="qwen2.5-coder-0.5b", previous_response_id=r.id, tools=tools, temperature=0,
+        max_output_tokens=64,
+        input=[{"type": "function_call_output", "call_id": calls[0].call_id,
+                "output": '{"temperature_c": 22, "sky": "sunny"}'}],
+    )
+    assert not [o for o in r2.output if o.type == "function_call"], r2.output
+    assert "22" in r2.output_text, r2.output_text
+    assert r2.usage.input_tokens_details.cached_tokens > 0, r2.usage
+
+
+def test_tool_round_trip_through_anthropic_messages_streamed(qwen):
+    c = anthropic.Anthropic(base_url=qwen.url, api_key="unused", max_retries=0, timeout=300)
+    tools = [anthropic_tool(t) for t in WEATHER]
+    # Greedy through `extra_body`: this SDK's `stream()` has no `temperature` parameter.
+    greedy = {"temperature": 0}
+    with c.messages.stream(model="qwen2.5-coder-0.5b", max_tokens=64, tools=tools,
+                           messages=QUESTION, extra_body=greedy) as s:
+        m = s.get_final_message()
+    assert m.stop_reason == "tool_use", m
+    use = next(b for b in m.content if b.type == "tool_use")
+    assert use.name == "get_weather" and use.input == {"city": "Paris"}
+    assert m.usage.input_tokens == len(FIXTURE["cases"][2]["prompt_ids"])
+    history = QUESTION + [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                      "content": '{"temperature_c": 22, "sky": "sunny"}'}]},
+    ]
+    m2 = c.messages.create(model="qwen2.5-coder-0.5b", max_tokens=64, tools=tools,
+                           messages=history, extra_body=greedy)
+    assert m2.stop_reason == "end_turn", m2
+    text = "".join(b.text for b in m2.content if b.type == "text")
+    assert "22" in text, text

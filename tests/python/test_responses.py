@@ -187,6 +187,54 @@ def test_stored_responses_retrieve_list_delete(client):
         client.responses.delete(r.id)
 
 
+def test_input_items_are_listed_in_openais_item_shapes(server, client):
+    call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+    history = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "Checking."},
+        call,
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+    ]
+    r = create(client, "Sunny.", input=history, tools=[WEATHER])
+    with server.http() as h:
+        listed = h.get(f"/v1/responses/{r.id}/input_items").json()
+    data = listed["data"][::-1]  # newest first
+    assert [i["type"] for i in data] == ["message", "message", "function_call", "function_call_output"]
+    assert data[0]["content"] == [{"type": "input_text", "text": "Weather?"}]
+    assert data[1]["content"] == [{"type": "output_text", "text": "Checking.", "annotations": []}]
+    assert all(isinstance(i["id"], str) and i["status"] == "completed" for i in data)
+    assert len({i["id"] for i in data}) == 4
+    assert listed["first_id"] == listed["data"][0]["id"]
+    # The SDK parses every item.
+    assert len(client.responses.input_items.list(r.id).data) == 4
+
+
+def test_a_clients_request_id_never_becomes_the_response_id(server, client):
+    headers = {"x-request-id": "same-id"}
+    a = create(client, "First.", extra_headers=headers)
+    b = create(client, "Second.", extra_headers=headers)
+    assert a.id != b.id
+    assert client.responses.retrieve(a.id).output_text == "First."
+    assert client.responses.retrieve(b.id).output_text == "Second."
+
+
+def test_a_prompt_over_the_context_is_context_length_exceeded_naming_input(server):
+    with server.http() as h:
+        r = h.post("/v1/responses", json={"model": "m", "input": "word " * 20000})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "input" and error["code"] == "context_length_exceeded", error
+        # Counting a multi-megabyte prompt takes the host a while; the
+        # adapter's deadline does not count it (an answer, never a 500).
+        big = {"model": "m", "input": "word " * 600_000}
+        counted = h.post("/v1/responses/input_tokens", json=big, timeout=300)
+        assert counted.status_code in (200, 400), counted.text
+        if counted.status_code == 200:
+            assert counted.json()["input_tokens"] > 500_000
+        only_instructions = h.post("/v1/responses/input_tokens", json={"model": "m", "instructions": "Be brief."})
+        assert only_instructions.status_code == 200 and only_instructions.json()["input_tokens"] > 0
+
+
 def test_store_false_is_not_kept_and_unknown_ids_are_404(client):
     r = create(client, "Not kept.", store=False)
     with pytest.raises(openai.NotFoundError):
@@ -251,6 +299,8 @@ def test_failure_inside_a_stream_is_response_failed(server):
         ({"input": "x", "temperature": 3}, "temperature"),
         ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
         ({"input": "x", "background": True}, "background"),
+        ({"input": "x", "tool_choice": {"type": "web_search_preview"}}, "tool_choice.type"),
+        ({"input": "x", "metadata": {"k": 1}}, "metadata.k"),
         ({}, "input"),
     ],
 )

@@ -42,8 +42,11 @@ def test_client_disconnect_cancels_its_generation(server, http):
             events = sse_events(r)
             next(events), next(events), next(events)
         # Leaving the block closes the connection mid-stream.
+    # The log names the request by the server's id, with the client's beside it.
+    ours = re.search(r"request_id=(\w+) client_request_id=\"" + rid + '"', server.text())
+    assert ours, server.text()[-3000:]
     deadline = time.time() + 60
-    pattern = re.compile(r"request_id=" + rid + r".*generation finished.*finish=Cancelled")
+    pattern = re.compile(r"request_id=" + ours.group(1) + r"\}.*generation finished.*finish=Cancelled")
     while time.time() < deadline and not pattern.search(server.text()):
         time.sleep(0.2)
     assert pattern.search(server.text()), server.text()[-3000:]

@@ -104,7 +104,9 @@ impl ResponseStore {
             config,
         };
         if let Some(dir) = store.config.dir.clone() {
-            std::fs::create_dir_all(&dir)?;
+            // Private to the user, as the KV cache's folders are: stored
+            // conversations are as sensitive as the prompts.
+            super::ssd::store::create_private_dir(&dir)?;
             store.index_dir(&dir)?;
         }
         Ok(store)
@@ -332,7 +334,7 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path
         .parent()
         .ok_or_else(|| std::io::Error::other("a stored value's path has no folder"))?;
-    std::fs::create_dir_all(dir)?;
+    super::ssd::store::create_private_dir(dir)?;
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     tmp.write_all(bytes)?;
     tmp.persist(path).map_err(|e| e.error)?;
@@ -430,5 +432,24 @@ mod tests {
         assert!(s.get("responses", "resp_b").is_none());
         assert_eq!(s.stats().entries, 1);
         assert!(dir.path().join("responses").join(".tmpXYZ").exists());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn its_folders_are_private_to_the_user() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("responses-root");
+        let s = ResponseStore::open(ResponseStoreConfig {
+            ttl: Duration::from_secs(60),
+            max_bytes: 1 << 20,
+            dir: Some(root.clone()),
+        })
+        .unwrap();
+        s.put("responses", "resp_a", b"x".to_vec()).unwrap();
+        for d in [root.clone(), root.join("responses")] {
+            let mode = std::fs::metadata(&d).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{}", d.display());
+        }
     }
 }

@@ -39,7 +39,7 @@ enum Command {
     /// Generate a chat reply, every token chosen by a sampler plugin; streams to stdout.
     Generate(generate::GenerateArgs),
     /// Serve the model over HTTP; API dialects come from adapter plugins.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Inspect a plugins directory.
     #[command(subcommand)]
     Plugins(plugins::PluginsCommand),
@@ -186,7 +186,7 @@ pub fn run() -> std::process::ExitCode {
         Command::Bench(a) => bench::run(a),
         Command::BenchChain(a) => bench_chain::run(a),
         Command::Generate(a) => generate::run(a),
-        Command::Serve(a) => serve::run(a),
+        Command::Serve(a) => serve::run(*a),
         Command::Plugins(c) => plugins::run(c),
         Command::Models(a) => models::run(a),
     };

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use mlxhost::cache::SsdConfig;
+use mlxhost::engine::admission::MemoryBudget;
 use mlxhost::engine::scheduler::{DEFAULT_BATCH, DEFAULT_PREFILL_BUDGET};
 use mlxhost::engine::worker::CacheConfig;
 use mlxhost::engine::SchedulerConfig;
@@ -142,6 +143,89 @@ pub struct ServeArgs {
     /// Deadline per API-adapter call, ms.
     #[arg(long, default_value_t = 1000)]
     adapter_deadline_ms: u64,
+    /// API key clients must send (`Authorization: Bearer KEY` or
+    /// `x-api-key: KEY`); repeatable. `/health` stays open; `/stats` and
+    /// `/metrics` need it too. None given: no key needed.
+    #[arg(long = "api-key", value_name = "KEY", env = "MLXHOST_API_KEY")]
+    api_keys: Vec<String>,
+    /// File of API keys, one per line (`#` comments and blank lines
+    /// skipped); added to `--api-key`.
+    #[arg(long, value_name = "FILE")]
+    api_key_file: Option<PathBuf>,
+    /// Host names the server answers to (the `Host` header, without port;
+    /// comma-separated; `*` = any). Default: loopback names on a loopback
+    /// bind (a DNS-rebinding defence), any host otherwise.
+    #[arg(long, value_name = "HOSTS", value_delimiter = ',')]
+    allowed_hosts: Option<Vec<String>>,
+    /// Browser origins allowed to call the server (`https://app.example`,
+    /// comma-separated; `*` = any), with CORS preflights answered. Default:
+    /// none (a request carrying another `Origin` gets a 403).
+    #[arg(long, value_name = "ORIGINS", value_delimiter = ',')]
+    allowed_origins: Vec<String>,
+    /// Longest wait for a request's headers, seconds (also how long an idle
+    /// keep-alive connection stays open).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    header_timeout: u64,
+    /// Longest wait for a request's body once its headers arrived, seconds
+    /// (a shorter body than declared, or an unterminated chunked body, gets
+    /// a 408).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    body_timeout: u64,
+    /// Most client connections open at once; more wait to be accepted.
+    #[arg(long, default_value_t = 512)]
+    max_connections: usize,
+    /// Longest a generation may take from its arrival, queueing included,
+    /// seconds; past it the generation is stopped and the client gets a
+    /// 504 (or the dialect's stream error). 0 = no limit.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    request_timeout: u64,
+    /// Memory the running requests' KV caches and prefill activations may
+    /// take together, GiB. A request that could never fit gets a 400
+    /// naming `max_tokens`; one that fits once others finish waits. 0 =
+    /// no check. Default: 90% of the memory available once the model is
+    /// loaded, less `--prompt-cache` (no check where that cannot be read).
+    #[arg(long, value_name = "GIB")]
+    memory_budget: Option<f64>,
+}
+
+/// The access policy the flags ask for.
+fn access_policy(args: &ServeArgs) -> anyhow::Result<server::access::AccessPolicy> {
+    let mut keys: Vec<String> = args.api_keys.iter().map(|k| k.trim().to_string()).collect();
+    if let Some(file) = &args.api_key_file {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("--api-key-file {}", file.display()))?;
+        keys.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(String::from),
+        );
+        if keys.is_empty() {
+            anyhow::bail!("--api-key-file {}: no keys in the file", file.display());
+        }
+    }
+    if keys.iter().any(String::is_empty) {
+        anyhow::bail!("--api-key must not be empty");
+    }
+    let lower = |v: &[String]| -> Vec<String> {
+        v.iter()
+            .map(|s| s.trim().trim_end_matches('/').to_ascii_lowercase())
+            .filter(|s| !s.is_empty())
+            .collect()
+    };
+    let allowed_hosts = match &args.allowed_hosts {
+        Some(h) => {
+            let mut hosts = server::access::default_allowed_hosts(args.host).unwrap_or_default();
+            hosts.extend(lower(h));
+            Some(hosts)
+        }
+        None => server::access::default_allowed_hosts(args.host),
+    };
+    Ok(server::access::AccessPolicy {
+        api_keys: keys,
+        allowed_hosts,
+        allowed_origins: lower(&args.allowed_origins),
+    })
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -173,6 +257,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     if args.prefill_budget == 0 {
         anyhow::bail!("--prefill-budget must be at least 1 token");
+    }
+    // A cache directory another server holds, or one that is not private,
+    // refuses the start now, before plugins, the port and the model.
+    if let Some(dir) = &args.ssd_cache {
+        mlxhost::cache::SsdCache::check_usable(&SsdConfig {
+            dir: dir.clone(),
+            max_bytes: 0,
+            verify: false,
+        })?;
     }
     let max_mib = PluginLimits::MAX_MEMORY_BYTES >> 20;
     for (flag, mib) in [
@@ -249,6 +342,23 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .map(|m| (m, model_id))
             .map_err(|e| format!("{e:#}"))
     });
+    let access = access_policy(&args)?;
+    if args.header_timeout == 0 || args.body_timeout == 0 {
+        anyhow::bail!("--header-timeout and --body-timeout must be at least 1 second");
+    }
+    if args.max_connections == 0 {
+        anyhow::bail!("--max-connections must be at least 1");
+    }
+    let memory_budget = match args.memory_budget {
+        Some(g) if !(g >= 0.0 && g.is_finite()) => {
+            anyhow::bail!("--memory-budget must be a size in GiB >= 0, got {g}")
+        }
+        Some(0.0) => MemoryBudget::Off,
+        Some(g) => MemoryBudget::Bytes((g * (1u64 << 30) as f64) as u64),
+        None => MemoryBudget::AutoKeeping {
+            keep: (args.prompt_cache * (1u64 << 30) as f64) as u64,
+        },
+    };
     let response_store = open_response_store(&args)?;
     let config = ServeConfig {
         addr: SocketAddr::new(args.host, args.port),
@@ -278,9 +388,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         max_queue: args.max_queue.max(1),
         response_store,
+        access,
+        connections: server::listen::ConnectionLimits {
+            header_timeout: Duration::from_secs(args.header_timeout),
+            max_connections: args.max_connections,
+        },
+        body_timeout: Duration::from_secs(args.body_timeout),
+        request_timeout: (args.request_timeout > 0)
+            .then(|| Duration::from_secs(args.request_timeout)),
         schedule: SchedulerConfig {
             max_batch: args.batch,
             prefill_budget: args.prefill_budget,
+            memory_budget,
             ..SchedulerConfig::default()
         },
     };

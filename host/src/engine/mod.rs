@@ -13,6 +13,7 @@
 //! - [`generate()`]: one request run to completion (CLI, benchmarks);
 //! - [`detokenize`]: incremental detokenization and stop strings.
 
+pub mod admission;
 pub mod constrain;
 pub mod detokenize;
 pub mod generate;

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::admission::{self, MemoryBudget, RowShape};
 use super::request::{
     effective_params, kv_namespace, validate, FinishReason, GenerateError, GenerateEvent,
     GenerateRequest,
@@ -51,6 +52,10 @@ pub struct SchedulerConfig {
     /// Most prompt tokens of one row in one forward (bounds attention
     /// memory, `[H, chunk, T]` scores per layer).
     pub prefill_chunk: usize,
+    /// Bytes the running rows' KV caches and prefill activations may take
+    /// together (`--memory-budget`; see [`super::admission`]), resolved
+    /// when the scheduler is created.
+    pub memory_budget: MemoryBudget,
 }
 
 impl Default for SchedulerConfig {
@@ -59,6 +64,7 @@ impl Default for SchedulerConfig {
             max_batch: DEFAULT_BATCH,
             prefill_budget: DEFAULT_PREFILL_BUDGET,
             prefill_chunk: PREFILL_CHUNK,
+            memory_budget: MemoryBudget::Off,
         }
     }
 }
@@ -149,6 +155,10 @@ pub struct StepReport {
 /// Waiting requests and the running batch.
 pub struct Scheduler<'s> {
     config: SchedulerConfig,
+    /// `config.memory_budget` in bytes, resolved at creation.
+    budget: Option<u64>,
+    /// The model's shape for admission estimates (set on first use).
+    shape: Option<RowShape>,
     waiting: VecDeque<Pending<'s>>,
     running: Vec<Sequence<'s>>,
     next_id: u64,
@@ -169,7 +179,10 @@ impl<'s> Scheduler<'s> {
                 max_batch: config.max_batch.max(1),
                 prefill_budget: config.prefill_budget.max(1),
                 prefill_chunk: config.prefill_chunk.max(1),
+                memory_budget: config.memory_budget,
             },
+            budget: config.memory_budget.resolve(),
+            shape: None,
             waiting: VecDeque::new(),
             running: Vec::new(),
             next_id: 0,
@@ -200,6 +213,11 @@ impl<'s> Scheduler<'s> {
     /// Requests waiting for a slot.
     pub fn waiting(&self) -> usize {
         self.waiting.len()
+    }
+
+    /// The memory budget in effect, bytes (`None`: no admission check).
+    pub fn memory_budget(&self) -> Option<u64> {
+        self.budget
     }
 
     /// The configuration in effect.
@@ -394,17 +412,61 @@ impl<'s> Scheduler<'s> {
         n
     }
 
-    /// Moves waiting requests into the batch while it has room.
+    /// Moves waiting requests into the batch while it has room and, under
+    /// a memory budget, while their reservations fit beside the running
+    /// rows' (the first that does not waits, keeping arrival order; one
+    /// that could never fit fails with [`GenerateError::OverMemoryBudget`]).
     fn admit(&mut self, model: &LoadedModel, mut caches: Option<&mut PrefixCache>) {
         while self.running.len() < self.config.max_batch {
-            let Some(pending) = self.waiting.pop_front() else {
+            let Some(mut pending) = self.waiting.pop_front() else {
                 return;
+            };
+            let reserve = match self.reservation(model, &pending.request) {
+                Reservation::Fits(bytes) => bytes,
+                Reservation::Wait => {
+                    self.waiting.push_front(pending);
+                    return;
+                }
+                Reservation::Never(message) => {
+                    pending
+                        .sink
+                        .finished(Err(GenerateError::OverMemoryBudget(message)));
+                    continue;
+                }
             };
             let id = self.next_id;
             self.next_id += 1;
-            if let Some(seq) = admit_one(id, pending, model, caches.as_deref_mut()) {
+            if let Some(mut seq) = admit_one(id, pending, model, caches.as_deref_mut()) {
+                seq.reserved_bytes = reserve;
                 self.running.push(seq);
             }
+        }
+    }
+
+    /// Whether `request` fits the memory budget now, later or never.
+    fn reservation(&mut self, model: &LoadedModel, request: &GenerateRequest) -> Reservation {
+        let Some(budget) = self.budget else {
+            return Reservation::Fits(0);
+        };
+        let shape = self.shape.get_or_insert_with(|| row_shape(model));
+        let context = model.model.config().max_position_embeddings;
+        let prompt = request.prompt_ids.len();
+        let max_new = request.max_tokens.min(context.saturating_sub(prompt));
+        let need = shape.row_bytes(prompt, max_new, self.config.prefill_chunk);
+        if need > budget {
+            return Reservation::Never(format!(
+                "this request needs about {} for its KV cache and activations ({prompt} prompt \
+                 tokens + max_tokens {max_new}), over the server's memory budget of {} \
+                 (--memory-budget): lower max_tokens or shorten the prompt",
+                admission::gib(need),
+                admission::gib(budget)
+            ));
+        }
+        let reserved: u64 = self.running.iter().map(|s| s.reserved_bytes).sum();
+        if !self.running.is_empty() && reserved + need > budget {
+            Reservation::Wait
+        } else {
+            Reservation::Fits(need)
         }
     }
 
@@ -428,6 +490,25 @@ impl<'s> Scheduler<'s> {
             })
             .collect()
     }
+}
+
+/// Whether a request fits the memory budget.
+enum Reservation {
+    /// Now, reserving this many bytes.
+    Fits(u64),
+    /// Once running rows retire.
+    Wait,
+    /// Never (the message says why).
+    Never(String),
+}
+
+/// The admission shape of `model` (its config, cache kinds and dtype).
+fn row_shape(model: &LoadedModel) -> RowShape {
+    let elem = match model.model.dtype() {
+        mlx_rs::Dtype::Float32 => 4,
+        _ => 2,
+    };
+    RowShape::new(model.model.config(), model.model.new_cache().kinds(), elem)
 }
 
 /// Validates and instantiates one request; `None` when it failed (its sink
@@ -596,6 +677,7 @@ mod tests {
             max_batch: 8,
             prefill_budget: budget,
             prefill_chunk: chunk,
+            memory_budget: MemoryBudget::Off,
         });
         s.running = rows;
         s

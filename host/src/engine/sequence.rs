@@ -68,6 +68,9 @@ pub struct Sequence<'s> {
     stopped_by: Option<String>,
     admitted: Instant,
     prefill_done: Option<Instant>,
+    /// Bytes the scheduler reserved for this row under `--memory-budget`
+    /// (its largest KV plus prefill activations; 0 when no budget).
+    pub(crate) reserved_bytes: u64,
 }
 
 impl<'s> Sequence<'s> {
@@ -109,6 +112,7 @@ impl<'s> Sequence<'s> {
             stopped_by: None,
             admitted: Instant::now(),
             prefill_done: None,
+            reserved_bytes: 0,
         }
     }
 

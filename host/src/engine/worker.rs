@@ -115,6 +115,8 @@ pub struct EngineHandle {
     /// their next step.
     pub cancel_all: Arc<AtomicBool>,
     queued: Arc<AtomicUsize>,
+    /// The engine thread, joined by [`EngineHandle::join`].
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// The engine thread is gone (it panicked or shut down).
@@ -147,6 +149,17 @@ impl EngineHandle {
         }
         rx.recv_timeout(timeout).unwrap_or(false)
     }
+
+    /// Waits for the engine thread to end (after a failed load, or after
+    /// [`EngineHandle::shutdown`]); at most once, later calls return at once.
+    /// The process must not exit while that thread still frees MLX arrays:
+    /// MLX's static destructors would race it (a heap-corruption abort).
+    pub fn join(&self) {
+        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Starts the engine thread: `load` runs on it (the model lives there),
@@ -177,7 +190,7 @@ pub fn spawn(
         cancel_all: cancel_all.clone(),
         queued: queued.clone(),
     };
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("engine".into())
         .spawn(move || {
             let Some(mut engine) = Engine::start(
@@ -201,6 +214,7 @@ pub fn spawn(
         ssd_stats,
         cancel_all,
         queued,
+        thread: Mutex::new(Some(thread)),
     })
 }
 
@@ -250,6 +264,15 @@ impl Engine {
             model.tokenizer.clone(),
         )));
         let mut scheduler = Scheduler::new(schedule);
+        match scheduler.memory_budget() {
+            Some(b) => tracing::info!(
+                memory_budget = %crate::engine::admission::gib(b),
+                "admission checks requests' KV and activations against the memory budget"
+            ),
+            None => {
+                tracing::info!("no memory budget: requests are admitted without a memory check")
+            }
+        }
         if let Err(e) = warm_up(&model, &plugins.current(), warmup_sampler, &mut scheduler) {
             let _ = ready.send(Err(format!("warm-up generation failed: {e}")));
             return None;

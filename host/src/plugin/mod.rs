@@ -13,6 +13,7 @@ pub mod services;
 pub mod session;
 pub mod smoke;
 pub mod tensors;
+pub mod timing;
 pub mod vocab;
 
 pub use manifest::{Kind, Manifest};

@@ -320,6 +320,16 @@ fn new_store(engine: &Engine, memory_bytes: usize, deadline_ticks: u64) -> Store
     let mut store = Store::new(engine, PluginState::new(store_limits));
     store.limiter(|s| &mut s.limits);
     store.set_epoch_deadline(deadline_ticks);
+    // At the deadline: time the guest spent waiting on host calls does not
+    // count against it (credited once), anything else is an interrupt trap.
+    store.epoch_deadline_callback(|mut ctx| {
+        let credit = std::mem::take(&mut ctx.data_mut().host_call_ticks);
+        if credit > 0 {
+            Ok(wasmtime::UpdateDeadline::Continue(credit))
+        } else {
+            Err(wasmtime::Trap::Interrupt.into())
+        }
+    });
     store
 }
 

@@ -29,8 +29,45 @@ pub struct AdapterServices {
     pub count_tokens: Option<Arc<CountTokens>>,
 }
 
+impl PluginState {
+    /// Runs host work for the guest, crediting its time to the guest's
+    /// deadline (see [`PluginState::host_call_ticks`]).
+    fn timed<R>(&mut self, work: impl FnOnce(&mut Self) -> R) -> R {
+        let started = std::time::Instant::now();
+        let r = work(self);
+        let tick = super::runtime::EPOCH_TICK.as_nanos().max(1);
+        let ticks = (started.elapsed().as_nanos() / tick) as u64 + 1;
+        self.host_call_ticks = self.host_call_ticks.saturating_add(ticks);
+        r
+    }
+}
+
 impl response_store::Host for PluginState {
     fn put(&mut self, key: String, value: Vec<u8>) -> Result<(), String> {
+        self.timed(|state| state.store_put(key, value))
+    }
+
+    fn get(&mut self, key: String) -> Option<Vec<u8>> {
+        self.timed(|state| {
+            let s = state.services.as_ref()?;
+            s.store.as_ref()?.get(&s.namespace, &key)
+        })
+    }
+
+    fn delete(&mut self, key: String) -> bool {
+        self.timed(|state| match &state.services {
+            Some(AdapterServices {
+                namespace,
+                store: Some(store),
+                ..
+            }) => store.delete(namespace, &key),
+            _ => false,
+        })
+    }
+}
+
+impl PluginState {
+    fn store_put(&mut self, key: String, value: Vec<u8>) -> Result<(), String> {
         let Some(s) = &self.services else {
             return Err("this server keeps no response store".into());
         };
@@ -41,29 +78,15 @@ impl response_store::Host for PluginState {
             .put(&s.namespace, &key, value)
             .map_err(|e| e.to_string())
     }
-
-    fn get(&mut self, key: String) -> Option<Vec<u8>> {
-        let s = self.services.as_ref()?;
-        s.store.as_ref()?.get(&s.namespace, &key)
-    }
-
-    fn delete(&mut self, key: String) -> bool {
-        match &self.services {
-            Some(AdapterServices {
-                namespace,
-                store: Some(store),
-                ..
-            }) => store.delete(namespace, &key),
-            _ => false,
-        }
-    }
 }
 
 impl prompt::Host for PluginState {
     fn count_tokens(&mut self, request: GenerationRequest) -> Result<u32, String> {
-        match self.services.as_ref().and_then(|s| s.count_tokens.clone()) {
-            Some(count) => count(request),
-            None => Err("no model is loaded to count tokens with".into()),
-        }
+        self.timed(
+            |state| match state.services.as_ref().and_then(|s| s.count_tokens.clone()) {
+                Some(count) => count(request),
+                None => Err("no model is loaded to count tokens with".into()),
+            },
+        )
     }
 }

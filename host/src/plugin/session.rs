@@ -391,6 +391,7 @@ impl TokenChain for RowChain {
         let vocab = logits.shape().first().copied().unwrap_or(0) as u32;
         let mut logits = logits;
         for p in &mut self.processors {
+            let call_started = Instant::now();
             p.store.set_epoch_deadline(self.processor_ticks);
             let (bindings, session) = (&p.bindings, p.session);
             let (result, edited) = lend(
@@ -407,8 +408,10 @@ impl TokenChain for RowChain {
                 },
             )?;
             logits = edited;
+            super::timing::record(&p.name, call_started.elapsed());
             outcome(&p.name, result)?;
         }
+        let call_started = Instant::now();
         let s = &mut self.sampler;
         s.store.set_epoch_deadline(self.sampler_ticks);
         let (bindings, session) = (&s.bindings, s.session);
@@ -425,6 +428,7 @@ impl TokenChain for RowChain {
                     .call_sample(store, session, l, h, step)
             },
         )?;
+        super::timing::record(&s.name, call_started.elapsed());
         let choice = outcome(&s.name, result)?;
         let token = match choice {
             Choice::Device(t) => Chosen::Device(
@@ -459,20 +463,28 @@ impl TokenChain for RowChain {
     ) -> Result<(), PluginError> {
         let started = Instant::now();
         for p in &mut self.processors {
+            let call_started = Instant::now();
             p.store.set_epoch_deadline(self.processor_ticks);
-            p.bindings
+            let r = p
+                .bindings
                 .mlxhost_plugin_logits_processor()
                 .session()
-                .call_accept(&mut p.store, p.session, token, raw_logprob, sampled_logprob)
-                .map_err(|e| failed(&p.name, trap_cause(&e)))?;
+                .call_accept(&mut p.store, p.session, token, raw_logprob, sampled_logprob);
+            super::timing::record(&p.name, call_started.elapsed());
+            r.map_err(|e| failed(&p.name, trap_cause(&e)))?;
         }
+        let call_started = Instant::now();
         let s = &mut self.sampler;
         s.store.set_epoch_deadline(self.sampler_ticks);
-        s.bindings
-            .mlxhost_plugin_sampler()
-            .session()
-            .call_accept(&mut s.store, s.session, token, raw_logprob, sampled_logprob)
-            .map_err(|e| failed(&s.name, trap_cause(&e)))?;
+        let r = s.bindings.mlxhost_plugin_sampler().session().call_accept(
+            &mut s.store,
+            s.session,
+            token,
+            raw_logprob,
+            sampled_logprob,
+        );
+        super::timing::record(&s.name, call_started.elapsed());
+        r.map_err(|e| failed(&s.name, trap_cause(&e)))?;
         self.plugin_time += started.elapsed();
         Ok(())
     }

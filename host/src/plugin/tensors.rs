@@ -50,6 +50,12 @@ pub struct PluginState {
     /// What an API adapter instance may call (`response-store`, `prompt`);
     /// `None` for other plugins.
     pub services: Option<super::services::AdapterServices>,
+    /// Epoch ticks spent inside host calls since the deadline last fired:
+    /// the deadline bounds the guest's own time, so the epoch callback
+    /// ([`super::runtime`]) extends it by this much once instead of
+    /// trapping a guest that waited on the host (e.g. tokenizing a long
+    /// prompt in `prompt.count-tokens`).
+    pub host_call_ticks: u64,
 }
 
 impl PluginState {
@@ -60,6 +66,7 @@ impl PluginState {
             limits,
             vocab: None,
             services: None,
+            host_call_ticks: 0,
         }
     }
 

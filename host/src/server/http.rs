@@ -28,7 +28,7 @@ use crate::plugin::{AdapterServices, LivePlugins, PluginError, PluginHost};
 
 use super::adapter::{
     host_error, Action, AdapterCall, ApiError, ErrorKind, GenerationUpdate, HttpRequest,
-    HttpResponse, RequestContext, TokenLogprob, TopLogprob, Usage,
+    HttpResponse, RequestContext, SseEvent, TokenLogprob, TopLogprob, Usage,
 };
 use super::request::{prepare, Defaults};
 use super::RequestId;
@@ -54,6 +54,15 @@ pub struct AppState {
     pub output: OutputStats,
     /// Stored responses adapters keep (`--response-store-*`).
     pub response_store: Option<Arc<ResponseStore>>,
+    /// API keys, allowed hosts and origins.
+    pub access: super::access::AccessPolicy,
+    /// Longest wait for a request body once its headers arrived.
+    pub body_timeout: std::time::Duration,
+    /// Longest a generation may take from arrival (`--request-timeout`);
+    /// `None` = no limit.
+    pub request_timeout: Option<std::time::Duration>,
+    /// `/metrics` values recorded as requests are served.
+    pub metrics: super::metrics::Metrics,
 }
 
 /// What the output pipelines saw, since start (`/stats` `output`).
@@ -84,6 +93,10 @@ impl OutputStats {
     }
 }
 
+/// Seconds a 503 (queue full, loading, shutting down) asks the client to
+/// wait before retrying (`Retry-After`).
+const RETRY_AFTER_S: &str = "1";
+
 fn response(r: HttpResponse) -> Response {
     let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut resp = Response::new(Body::from(r.body));
@@ -91,10 +104,59 @@ fn response(r: HttpResponse) -> Response {
     if let Ok(v) = HeaderValue::from_str(&r.content_type) {
         resp.headers_mut().insert(header::CONTENT_TYPE, v);
     }
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_S));
+    }
     resp
 }
 
-fn api_error(status: u16, kind: ErrorKind, message: impl Into<String>) -> ApiError {
+/// The adapter whose dialect a request speaks: the one serving its path
+/// (any method), else the `anthropic` adapter for a client that sends
+/// `anthropic-version`; `None` = the host's own (OpenAI) shape.
+fn dialect_of(plugins: &PluginHost, path: &str, headers: &axum::http::HeaderMap) -> Option<String> {
+    let routes = super::adapter_routes(plugins);
+    routes
+        .iter()
+        .find(|(_, p, _)| super::route_matches(p, path))
+        .map(|(_, _, a)| a.clone())
+        .or_else(|| {
+            let anthropic = headers.contains_key("anthropic-version")
+                && routes.iter().any(|(_, _, a)| a == "anthropic");
+            anthropic.then(|| "anthropic".to_string())
+        })
+}
+
+/// An error response in the request's dialect ([`dialect_of`]), rendered
+/// by that adapter; the host's shape when none applies or it fails.
+pub fn dialect_error(
+    app: &AppState,
+    path: &str,
+    headers: &axum::http::HeaderMap,
+    request_id: &str,
+    error: ApiError,
+) -> Response {
+    let plugins = app.plugins.current();
+    let rendered = dialect_of(&plugins, path, headers).and_then(|adapter| {
+        let ctx = RequestContext {
+            request_id: request_id.to_string(),
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            model_id: app
+                .frontend
+                .get()
+                .map(|f| f.model_id.clone())
+                .unwrap_or_default(),
+        };
+        let mut call = AdapterCall::new(plugins.clone(), &adapter, ctx, None).ok()?;
+        Some(call.render_error(&error))
+    });
+    response(rendered.unwrap_or_else(|| host_error(&error)))
+}
+
+pub(crate) fn api_error(status: u16, kind: ErrorKind, message: impl Into<String>) -> ApiError {
     ApiError {
         status,
         kind,
@@ -159,6 +221,74 @@ pub async fn stats(State(app): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
+/// A method the host's own routes do not serve: 405 with `Allow`, in the
+/// host's error shape (axum's default has no body).
+pub async fn method_not_allowed(req: Request) -> Response {
+    let message = format!(
+        "method {} is not allowed on {} (only GET and HEAD)",
+        req.method(),
+        req.uri().path()
+    );
+    let mut resp = response(host_error(&api_error(405, ErrorKind::NotFound, message)));
+    resp.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+    resp
+}
+
+/// `GET /metrics`: Prometheus / OpenMetrics text ([`super::metrics`]).
+/// Scrape-time values come from the same sources as `/stats`.
+pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
+    use super::metrics::{Snapshot, Tier};
+    let batch = app
+        .engine
+        .batch_stats
+        .lock()
+        .map(|s| s.clone())
+        .unwrap_or_default();
+    let ram = app
+        .engine
+        .cache_stats
+        .lock()
+        .map(|s| s.clone())
+        .unwrap_or_default();
+    let mut tiers = vec![Tier {
+        name: "ram",
+        hits: ram.hits,
+        tokens: ram.tokens_reused,
+        bytes: ram.bytes as u64,
+        entries: ram.entries as u64,
+    }];
+    if let Some(ssd) = app.engine.ssd_stats.get().map(|h| h.stats()) {
+        tiers.push(Tier {
+            name: "ssd",
+            hits: ssd.hits,
+            tokens: ssd.tokens_restored,
+            bytes: ssd.bytes,
+            entries: ssd.entries as u64,
+        });
+    }
+    let snap = Snapshot {
+        in_flight: app.engine.in_flight(),
+        waiting: batch.waiting,
+        running: batch.running,
+        max_batch: batch.max_batch,
+        steps: batch.steps,
+        prefill_tokens: batch.prefill_tokens,
+        decode_tokens: batch.decode_tokens,
+        tiers,
+        plugins: crate::plugin::timing::snapshot()
+            .into_iter()
+            .map(|(name, t)| (name, t.calls, t.seconds))
+            .collect(),
+    };
+    let mut resp = Response::new(Body::from(app.metrics.render(&snap)));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(super::metrics::CONTENT_TYPE),
+    );
+    resp
+}
+
 /// Every other route: find the adapter, let it handle the request.
 pub async fn dispatch(
     State(app): State<Arc<AppState>>,
@@ -181,14 +311,16 @@ pub async fn dispatch(
             .collect();
         if !allowed.is_empty() {
             let message = format!("method {method} is not allowed on {path}");
-            let mut resp = response(host_error(&api_error(405, ErrorKind::NotFound, message)));
+            let error = api_error(405, ErrorKind::NotFound, message);
+            let mut resp = dialect_error(&app, &path, req.headers(), &request_id.0, error);
             if let Ok(v) = HeaderValue::from_str(&allowed.join(", ")) {
                 resp.headers_mut().insert(header::ALLOW, v);
             }
             return resp;
         }
         let message = format!("no route {method} {path} (routes come from API adapter plugins)");
-        return response(host_error(&api_error(404, ErrorKind::NotFound, message)));
+        let error = api_error(404, ErrorKind::NotFound, message);
+        return dialect_error(&app, &path, req.headers(), &request_id.0, error);
     };
     let Some(frontend) = app.frontend.get().cloned() else {
         return response(host_error(&api_error(
@@ -240,7 +372,23 @@ pub async fn dispatch(
     if declared.is_some_and(|n| n > app.body_limit) {
         return response(call.render_error(&too_large()));
     }
-    let body = match axum::body::to_bytes(req.into_body(), app.body_limit).await {
+    let read = axum::body::to_bytes(req.into_body(), app.body_limit);
+    let Ok(read) = tokio::time::timeout(app.body_timeout, read).await else {
+        let slow = api_error(
+            408,
+            ErrorKind::InvalidRequest,
+            format!(
+                "the request body did not arrive within {} s (--body-timeout)",
+                app.body_timeout.as_secs()
+            ),
+        );
+        let mut resp = response(call.render_error(&slow));
+        // The rest of the body may never come: do not wait for it.
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return resp;
+    };
+    let body = match read {
         Ok(b) => b,
         // axum reports a body over the limit as "length limit exceeded";
         // anything else is a body that could not be read.
@@ -322,7 +470,13 @@ async fn run_generation(
     request_id: RequestId,
     plugins: Arc<PluginHost>,
 ) -> Response {
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut rx = Events {
+        rx,
+        deadline: app
+            .request_timeout
+            .map(|d| (tokio::time::Instant::now() + d, d)),
+    };
     let cancel = Arc::new(AtomicBool::new(false));
     let guard = CancelOnDrop(cancel.clone());
     let cancel_flag = cancel.clone();
@@ -345,6 +499,7 @@ async fn run_generation(
         );
         return response(call.render_error(&busy));
     }
+    let submitted = std::time::Instant::now();
     if app.engine.submit(job).is_err() {
         return response(call.render_error(&api_error(
             503,
@@ -354,9 +509,10 @@ async fn run_generation(
     }
     // Wait for the engine to accept (or reject) the job before choosing a status.
     let cached_tokens = match rx.recv().await {
-        Some(JobEvent::Started { cached_tokens }) => cached_tokens,
-        Some(JobEvent::Failed(e)) => return response(call.render_error(&generate_error(&e))),
-        Some(_) | None => {
+        Ok(Some(JobEvent::Started { cached_tokens })) => cached_tokens,
+        Ok(Some(JobEvent::Failed(e))) => return response(call.render_error(&generate_error(&e))),
+        Err(timed_out) => return response(call.render_error(&timed_out)),
+        Ok(Some(_) | None) => {
             return response(call.render_error(&api_error(
                 500,
                 ErrorKind::Server,
@@ -365,6 +521,7 @@ async fn run_generation(
         }
     };
     let mut acc = Accumulator::new(frontend, prepared.logprobs);
+    let mut clock = TokenClock::new(submitted);
     let mut out = Output {
         pipeline: prepared.pipeline.single_call(prepared.single_call),
         app: app.clone(),
@@ -379,9 +536,15 @@ async fn run_generation(
     };
     if !prepared.stream {
         let mut events = forced;
-        while let Some(ev) = rx.recv().await {
+        loop {
+            let ev = match rx.recv().await {
+                Ok(Some(ev)) => ev,
+                Ok(None) => break,
+                Err(timed_out) => return response(call.render_error(&timed_out)),
+            };
             match ev {
                 JobEvent::Token(t) => {
+                    clock.token(&app.metrics);
                     out.pipeline.token(t.id);
                     acc.token(t)
                 }
@@ -391,6 +554,7 @@ async fn run_generation(
                 },
                 JobEvent::Finished(summary) => {
                     drop(guard);
+                    record_finished(&app.metrics, &summary);
                     match out.finish() {
                         Ok(e) => events.extend(e),
                         Err(e) => return response(call.render_error(&e)),
@@ -403,7 +567,10 @@ async fn run_generation(
                         Err(e) => response(call.render_error(&e)),
                     };
                 }
-                JobEvent::Failed(e) => return response(call.render_error(&generate_error(&e))),
+                JobEvent::Failed(e) => {
+                    record_failed(&app.metrics);
+                    return response(call.render_error(&generate_error(&e)));
+                }
                 JobEvent::Started { .. } => {}
             }
         }
@@ -437,6 +604,13 @@ async fn run_generation(
                 ev = rx.recv() => ev,
                 _ = sse_tx.closed() => return,
             };
+            let ev = match ev {
+                Ok(ev) => ev,
+                Err(timed_out) => {
+                    send_stream_error(&mut call, &timed_out, &sse_tx).await;
+                    return;
+                }
+            };
             let Some(ev) = ev else {
                 let stopped = api_error(500, ErrorKind::Server, "the engine stopped");
                 send_stream_error(&mut call, &stopped, &sse_tx).await;
@@ -445,6 +619,7 @@ async fn run_generation(
             match ev {
                 JobEvent::Started { .. } => {}
                 JobEvent::Token(t) => {
+                    clock.token(&app.metrics);
                     out.pipeline.token(t.id);
                     acc.token(t)
                 }
@@ -468,6 +643,7 @@ async fn run_generation(
                     }
                 }
                 JobEvent::Finished(summary) => {
+                    record_finished(&app.metrics, &summary);
                     let events = match out.finish() {
                         Ok(e) => e,
                         Err(e) => {
@@ -486,6 +662,7 @@ async fn run_generation(
                     return;
                 }
                 JobEvent::Failed(e) => {
+                    record_failed(&app.metrics);
                     // Headers are sent: the error goes in the stream, in the
                     // adapter's error shape, and the stream ends.
                     send_stream_error(&mut call, &generate_error(&e), &sse_tx).await;
@@ -498,6 +675,84 @@ async fn run_generation(
         rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
     });
     Sse::new(stream).into_response()
+}
+
+/// Token timing of one generation for `/metrics`: TTFT from submission,
+/// then the gap between consecutive tokens.
+struct TokenClock {
+    submitted: std::time::Instant,
+    last: Option<std::time::Instant>,
+}
+
+impl TokenClock {
+    fn new(submitted: std::time::Instant) -> Self {
+        TokenClock {
+            submitted,
+            last: None,
+        }
+    }
+
+    fn token(&mut self, m: &super::metrics::Metrics) {
+        let now = std::time::Instant::now();
+        match self.last {
+            None => m.ttft.observe((now - self.submitted).as_secs_f64()),
+            Some(prev) => m.inter_token.observe((now - prev).as_secs_f64()),
+        }
+        self.last = Some(now);
+    }
+}
+
+fn record_finished(m: &super::metrics::Metrics, summary: &GenerateSummary) {
+    m.prompt_tokens.inc_by(summary.prompt_tokens as u64);
+    m.cached_tokens.inc_by(summary.cached_tokens as u64);
+    m.completion_tokens.inc_by(summary.completion_tokens as u64);
+    let finish = match summary.finish_reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Cancelled => "cancelled",
+    };
+    m.generations
+        .get_or_create(&super::metrics::FinishLabels {
+            finish_reason: finish.into(),
+        })
+        .inc();
+}
+
+fn record_failed(m: &super::metrics::Metrics) {
+    m.generations
+        .get_or_create(&super::metrics::FinishLabels {
+            finish_reason: "error".into(),
+        })
+        .inc();
+}
+
+/// A job's events with the request's deadline (`--request-timeout`).
+struct Events {
+    rx: mpsc::UnboundedReceiver<JobEvent>,
+    /// (when, the configured limit).
+    deadline: Option<(tokio::time::Instant, std::time::Duration)>,
+}
+
+impl Events {
+    /// The next event (`None`: the engine dropped the job). Errors: the
+    /// deadline passed; the caller's drop of the cancel guard then stops
+    /// the generation.
+    async fn recv(&mut self) -> Result<Option<JobEvent>, ApiError> {
+        let Some((at, limit)) = self.deadline else {
+            return Ok(self.rx.recv().await);
+        };
+        tokio::select! {
+            ev = self.rx.recv() => Ok(ev),
+            _ = tokio::time::sleep_until(at) => Err(api_error(
+                504,
+                ErrorKind::Server,
+                format!(
+                    "the request took longer than {} s and was stopped (--request-timeout)",
+                    limit.as_secs_f64()
+                ),
+            )),
+        }
+    }
 }
 
 /// A request's output pipeline with the server's counters: a parser
@@ -549,14 +804,24 @@ async fn send_error_event(tx: &mpsc::Sender<Event>, body: HttpResponse) {
         .await;
 }
 
+/// One adapter SSE event as an axum event: `event:` before `data:`, the
+/// order OpenAI and Anthropic write their frames in (axum writes fields in
+/// the order they are set).
+fn sse_event(e: SseEvent) -> Event {
+    let event = Event::default();
+    let event = if e.event.is_empty() {
+        event
+    } else {
+        event.event(e.event)
+    };
+    event.data(e.data)
+}
+
 /// Sends an error as the stream's last events, in the adapter's shape
 /// (`render-stream-error`).
 async fn send_stream_error(call: &mut AdapterCall, error: &ApiError, tx: &mpsc::Sender<Event>) {
     for e in call.render_stream_error(error) {
-        let mut event = Event::default().data(e.data);
-        if !e.event.is_empty() {
-            event = event.event(e.event);
-        }
+        let event = sse_event(e);
         if tx.send(event).await.is_err() {
             return;
         }
@@ -579,10 +844,7 @@ async fn send_all(
         }
     };
     for e in events {
-        let mut event = Event::default().data(e.data);
-        if !e.event.is_empty() {
-            event = event.event(e.event);
-        }
+        let event = sse_event(e);
         if tx.send(event).await.is_err() {
             return false;
         }
@@ -715,6 +977,10 @@ fn generate_error(e: &GenerateError) -> ApiError {
         GenerateError::Internal(m) => {
             api_error(500, ErrorKind::Server, format!("internal error: {m}"))
         }
+        GenerateError::OverMemoryBudget(m) => ApiError {
+            param: Some("max_tokens".into()),
+            ..api_error(400, ErrorKind::InvalidRequest, m.clone())
+        },
         GenerateError::Unavailable(m) => api_error(503, ErrorKind::Server, m.clone()),
     }
 }

@@ -3,9 +3,13 @@
 //! errors and `/health`; API adapter plugins own the dialects and their
 //! routes (`docs/architecture.md`).
 
+pub mod access;
 pub mod adapter;
 mod adapter_v1;
+mod guard;
 pub mod http;
+pub mod listen;
+pub mod metrics;
 pub mod request;
 
 use std::net::SocketAddr;
@@ -13,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::http::HeaderValue;
 use axum::middleware::Next;
 use axum::response::Response;
@@ -48,6 +52,14 @@ pub struct ServeConfig {
     pub schedule: SchedulerConfig,
     /// Stored responses adapters keep (`--response-store-*`); `None` = none.
     pub response_store: Option<Arc<crate::cache::ResponseStore>>,
+    /// API keys, allowed hosts and origins.
+    pub access: access::AccessPolicy,
+    /// Header timeout and connection cap.
+    pub connections: listen::ConnectionLimits,
+    /// Longest wait for a request body (`--body-timeout`).
+    pub body_timeout: Duration,
+    /// Longest a generation may take (`--request-timeout`); `None` = none.
+    pub request_timeout: Option<Duration>,
 }
 
 /// Errors that stop the server.
@@ -77,7 +89,9 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// own wait for the writer plus time to hand the last entries over.
 const SHUTDOWN_FLUSH: Duration = engine::SHUTDOWN_FLUSH.saturating_add(Duration::from_secs(30));
 
-/// The request id assigned by the middleware (response header `x-request-id`).
+/// The server-generated request id assigned by the middleware (unique per
+/// request; also the `x-request-id` response header unless the client sent
+/// its own).
 #[derive(Debug, Clone)]
 pub struct RequestId(pub String);
 
@@ -184,16 +198,39 @@ async fn serve(
         shutting_down: AtomicBool::new(false),
         output: Default::default(),
         response_store: config.response_store,
+        access: config.access,
+        body_timeout: config.body_timeout,
+        request_timeout: config.request_timeout,
+        metrics: Default::default(),
     });
-    let router = axum::Router::new()
-        .route("/health", get(http::health))
+    let host_only = || get(http::health).fallback(http::method_not_allowed);
+    let mut router = axum::Router::new()
+        .route("/health", host_only())
         // Clients probe the server's root first (Claude Code sends `HEAD /`).
-        .route("/", get(http::health))
-        .route("/stats", get(http::stats))
+        .route("/", host_only())
+        .route(
+            "/stats",
+            get(http::stats).fallback(http::method_not_allowed),
+        )
+        .route(
+            "/metrics",
+            get(http::metrics).fallback(http::method_not_allowed),
+        )
         .fallback(http::dispatch)
         // The host enforces the limit itself (with a dialect-shaped 413).
         .layer(axum::extract::DefaultBodyLimit::disable())
-        .layer(axum::middleware::from_fn(request_id))
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            guard::guard,
+        ));
+    if let Some(cors) = guard::cors_layer(&app.access) {
+        router = router.layer(cors);
+    }
+    let router = router
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            request_id,
+        ))
         .with_state(app.clone());
 
     // Load in the background while /health answers 503.
@@ -255,25 +292,41 @@ async fn serve(
             hard_stop_timer.notify_one();
         });
     };
-    let server = axum::serve(listener, router).with_graceful_shutdown(shutdown);
+    let server = listen::serve(listener, router, config.connections, shutdown);
     tokio::select! {
-        r = server => r?,
+        _ = server => {},
         _ = hard_stop.notified() => {
             tracing::warn!(grace_s = SHUTDOWN_GRACE.as_secs(), "connections still open after the drain period; stopping anyway");
         }
     }
     if let Some(e) = load_failed.get() {
+        // The engine thread is still dropping what it loaded; exiting now
+        // would race MLX's destructors (an abort instead of exit code 1).
+        join_engine(&app).await;
         return Err(ServeError::Load(e.clone()));
     }
     // Write the cache entries not yet on disk (SSD tier) before exiting.
-    let flushed = tokio::task::spawn_blocking(move || app.engine.shutdown(SHUTDOWN_FLUSH))
+    let engine_app = app.clone();
+    let flushed = tokio::task::spawn_blocking(move || engine_app.engine.shutdown(SHUTDOWN_FLUSH))
         .await
         .unwrap_or(false);
     if !flushed {
         tracing::warn!("the engine did not finish writing the SSD cache before shutdown");
+    } else {
+        join_engine(&app).await;
     }
     tracing::info!("server stopped");
     Ok(())
+}
+
+/// Joins the engine thread, waiting at most [`SHUTDOWN_FLUSH`] (a thread
+/// stuck in a step is left behind rather than hanging the exit).
+async fn join_engine(app: &Arc<http::AppState>) {
+    let app = app.clone();
+    let joined = tokio::task::spawn_blocking(move || app.engine.join());
+    if tokio::time::timeout(SHUTDOWN_FLUSH, joined).await.is_err() {
+        tracing::warn!("the engine thread did not stop in time");
+    }
 }
 
 async fn shutdown_signal() {
@@ -297,11 +350,19 @@ async fn shutdown_signal() {
     }
 }
 
-/// Assigns a request id (or keeps a client's `x-request-id` when it is
-/// short and printable), logs the request with it, and returns it.
-async fn request_id(mut req: Request, next: Next) -> Response {
+/// Assigns every request a server-generated id, unique across requests and
+/// restarts (plugins build response ids from it, and the response store keys
+/// on those, so a client's value must never become it), logs the request
+/// with it, and returns it as `x-request-id`. A client's own `x-request-id`
+/// (when short and printable) is logged beside it and echoed back instead,
+/// so a client can still correlate its requests.
+async fn request_id(
+    State(app): State<Arc<http::AppState>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     static NEXT: AtomicU64 = AtomicU64::new(1);
-    let id = req
+    let client_id = req
         .headers()
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
@@ -311,20 +372,21 @@ async fn request_id(mut req: Request, next: Next) -> Response {
                 && v.chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         })
-        .map(str::to_string)
-        .unwrap_or_else(|| {
-            let start = process_start_nanos();
-            format!(
-                "{:x}{:06x}",
-                start & 0xffff_ffff,
-                NEXT.fetch_add(1, Ordering::Relaxed)
-            )
-        });
+        .map(str::to_string);
+    let id = format!(
+        "{:x}{:06x}",
+        process_start_nanos() & 0xffff_ffff,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
     req.extensions_mut().insert(RequestId(id.clone()));
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let started = std::time::Instant::now();
-    let span = tracing::info_span!("request", request_id = %id);
+    let span = tracing::info_span!(
+        "request",
+        request_id = %id,
+        client_request_id = client_id.as_deref().unwrap_or("")
+    );
     let mut resp = {
         let _e = span.enter();
         tracing::debug!(%method, %path, "request");
@@ -339,10 +401,31 @@ async fn request_id(mut req: Request, next: Next) -> Response {
         ms = started.elapsed().as_millis() as u64,
         "response"
     );
-    if let Ok(v) = HeaderValue::from_str(&id) {
+    app.metrics
+        .requests
+        .get_or_create(&metrics::RequestLabels {
+            route: route_label(&app, &path),
+            method: method.as_str().to_string(),
+            status: resp.status().as_u16(),
+        })
+        .inc();
+    if let Ok(v) = HeaderValue::from_str(client_id.as_deref().unwrap_or(&id)) {
         resp.headers_mut().insert("x-request-id", v);
     }
     resp
+}
+
+/// The `route` label of a request: a host path, the adapter route pattern
+/// it matched, or `other` (arbitrary paths must not mint label values).
+fn route_label(app: &http::AppState, path: &str) -> String {
+    if matches!(path, "/" | "/health" | "/stats" | "/metrics") {
+        return path.to_string();
+    }
+    adapter_routes(&app.plugins.current())
+        .into_iter()
+        .find(|(_, p, _)| route_matches(p, path))
+        .map(|(_, p, _)| p)
+        .unwrap_or_else(|| "other".into())
 }
 
 /// Nanoseconds since the epoch at first use: makes ids unique across restarts.

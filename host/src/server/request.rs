@@ -40,6 +40,13 @@ pub struct Defaults {
     pub reasoning_parser: Option<String>,
 }
 
+/// Most logits-processor plugins one request may name (`logits_processors`).
+pub const MAX_LOGITS_PROCESSORS: usize = 32;
+
+/// Most stop sequences one request may give (`stop`; OpenAI allows 4,
+/// Anthropic more).
+pub const MAX_STOP_SEQUENCES: usize = 64;
+
 /// The processors the host inserts for standard fields, in `semantics.md`'s
 /// fixed order: (request field, first-party plugin name).
 pub const STANDARD_PROCESSORS: [(&str, &str); 4] = [
@@ -142,6 +149,26 @@ pub fn prepare(
             ));
         }
         processors.push(plugin.to_string());
+    }
+    // Each processor is a plugin instance per row from a shared pool: a
+    // client-chosen count must stay far from the pool's limits.
+    if g.logits_processors.len() > MAX_LOGITS_PROCESSORS {
+        return Err(bad(
+            Some("logits_processors"),
+            format!(
+                "`logits_processors` names {} plugins; at most {MAX_LOGITS_PROCESSORS} per request",
+                g.logits_processors.len()
+            ),
+        ));
+    }
+    if g.stop.len() > MAX_STOP_SEQUENCES {
+        return Err(bad(
+            Some("stop"),
+            format!(
+                "`stop` has {} sequences; at most {MAX_STOP_SEQUENCES} per request",
+                g.stop.len()
+            ),
+        ));
     }
     for name in &g.logits_processors {
         plugins

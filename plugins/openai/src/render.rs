@@ -313,8 +313,17 @@ pub fn stream_chunks(
 }
 
 /// An OpenAI error body: `{"error": {"message", "type", "param", "code"}}`.
+/// Whether a host error is the prompt exceeding the model's context (the
+/// host's message for it; OpenAI's code is `context_length_exceeded`).
+pub fn context_overflow(message: &str) -> bool {
+    message.starts_with("this model's maximum context length")
+}
+
 pub fn error(e: &ApiError) -> Value {
     let (kind, code) = match e.kind {
+        ErrorKind::InvalidRequest if context_overflow(&e.message) => {
+            ("invalid_request_error", json!("context_length_exceeded"))
+        }
         ErrorKind::InvalidRequest => ("invalid_request_error", Value::Null),
         ErrorKind::NotFound => ("invalid_request_error", json!("not_found")),
         ErrorKind::TooLarge => ("invalid_request_error", json!("request_too_large")),

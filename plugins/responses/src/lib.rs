@@ -16,6 +16,7 @@
 //! request, so what `handle` parsed is kept in this instance's memory for
 //! the `render*` calls that follow.
 
+mod items;
 mod render;
 mod request;
 mod stored;
@@ -26,8 +27,8 @@ use std::cell::RefCell;
 
 use mlxhost_plugin_sdk::fields::Invalid;
 use mlxhost_plugin_sdk::v2::adapter::exports::mlxhost::plugin::api_adapter::{
-    self as api, Action, ApiError, ErrorKind, GenerationUpdate, HttpRequest, HttpResponse,
-    RequestContext, Route, SseEvent,
+    self as api, Action, ApiError, GenerationUpdate, HttpRequest, HttpResponse, RequestContext,
+    Route, SseEvent,
 };
 use mlxhost_plugin_sdk::v2::adapter::mlxhost::plugin::{prompt, response_store};
 use serde_json::{json, Value};
@@ -104,7 +105,7 @@ fn path_id(path: &str) -> &str {
 
 fn create(body: &[u8]) -> Action {
     let resolve = |id: &str| load(id).map(|s| s.conversation);
-    match request::parse(body, &resolve) {
+    match request::parse(body, &resolve, false) {
         Ok((generation, opts)) => {
             OPTIONS.with(|o| *o.borrow_mut() = opts);
             Action::Generate(generation)
@@ -115,7 +116,7 @@ fn create(body: &[u8]) -> Action {
 
 fn input_tokens(body: &[u8]) -> Action {
     let resolve = |id: &str| load(id).map(|s| s.conversation);
-    let (generation, _) = match request::parse(body, &resolve) {
+    let (generation, _) = match request::parse(body, &resolve, true) {
         Ok(p) => p,
         Err(i) => return Action::Respond(rejected(i)),
     };
@@ -138,12 +139,7 @@ fn input_items(id: &str) -> HttpResponse {
         .input_items
         .into_iter()
         .enumerate()
-        .map(|(i, mut item)| {
-            if item.get("id").is_none() {
-                item["id"] = json!(format!("in_{}_{i}", id.trim_start_matches("resp_")));
-            }
-            item
-        })
+        .map(|(i, item)| items::with_id(item, id, i))
         .rev()
         .collect();
     let first = data.first().map(|i| i["id"].clone());
@@ -250,13 +246,10 @@ impl api::Guest for Adapter {
     }
 
     fn render_error(_ctx: RequestContext, error: ApiError) -> HttpResponse {
-        let code = match error.kind {
-            ErrorKind::Plugin | ErrorKind::Server => Some("server_error"),
-            _ => None,
-        };
+        let (param, code) = render::host_error_fields(&error);
         json_response(
             error.status,
-            error_body(error.status, &error.message, error.param.as_deref(), code),
+            error_body(error.status, &error.message, param.as_deref(), code),
         )
     }
 

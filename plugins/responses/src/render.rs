@@ -16,6 +16,8 @@ use mlxhost_plugin_sdk::v2::adapter::exports::mlxhost::plugin::api_adapter::{
 use mlxhost_plugin_sdk::v2::adapter::mlxhost::plugin::request::{ContentPart, Message, ToolCall};
 use mlxhost_plugin_sdk::v2::adapter::mlxhost::plugin::types::{FinishReason, GenerationEvent};
 use mlxhost_plugin_sdk::v2::blocks::{fold, Blocks, Built, Delta, Start, Step};
+use std::collections::BTreeMap;
+
 use serde_json::{json, Map, Value};
 
 use crate::request::Options;
@@ -86,6 +88,7 @@ pub fn output_items(
     opts: &Options,
     events: &[GenerationEvent],
     logprobs: &[TokenLogprob],
+    streamed_logprobs: Option<&BTreeMap<u32, Vec<Value>>>,
     truncated: bool,
 ) -> Vec<Value> {
     let logprobs: Vec<Value> = logprobs.iter().map(logprob_json).collect();
@@ -111,12 +114,13 @@ pub fn output_items(
                     None,
                 ),
                 Built::Text(text) => {
-                    // Token logprobs are the whole reply's: they go on the
+                    // Streamed: the logprobs the item's deltas carried.
+                    // Otherwise the whole reply's token logprobs go on the
                     // first text part.
-                    let lp = if logprobs_used {
-                        &[][..]
-                    } else {
-                        &logprobs[..]
+                    let lp = match streamed_logprobs {
+                        Some(m) => m.get(&index).map(Vec::as_slice).unwrap_or(&[]),
+                        None if logprobs_used => &[][..],
+                        None => &logprobs[..],
                     };
                     logprobs_used = true;
                     message_item(
@@ -215,6 +219,17 @@ fn final_status(finish: Option<FinishReason>) -> &'static str {
 
 /// The whole `response` object of a finished generation.
 pub fn response(ctx: &RequestContext, opts: &Options, update: &GenerationUpdate) -> Value {
+    streamed_response(ctx, opts, update, None)
+}
+
+/// [`response`], with each text item's logprobs as its streamed deltas
+/// carried them (`None`: not streamed).
+fn streamed_response(
+    ctx: &RequestContext,
+    opts: &Options,
+    update: &GenerationUpdate,
+    streamed_logprobs: Option<&BTreeMap<u32, Vec<Value>>>,
+) -> Value {
     response_object(
         ctx,
         opts,
@@ -224,12 +239,37 @@ pub fn response(ctx: &RequestContext, opts: &Options, update: &GenerationUpdate)
             opts,
             &update.events,
             &update.logprobs,
+            streamed_logprobs,
             update.finish == Some(FinishReason::Length),
         ),
         usage(update.usage.as_ref()),
         update.finish,
         Value::Null,
     )
+}
+
+/// `param` and `code` of a host error in this dialect: the host names the
+/// prompt `messages` (its canonical request), which is `input` here; a
+/// prompt over the model's context is `context_length_exceeded`, as
+/// OpenAI codes it.
+pub fn host_error_fields(error: &ApiError) -> (Option<String>, Option<&'static str>) {
+    let param = match error.param.as_deref() {
+        Some("messages") => Some("input".to_string()),
+        Some("max_tokens") => Some("max_output_tokens".to_string()),
+        other => other.map(str::to_string),
+    };
+    let code = match error.kind {
+        ErrorKind::Plugin | ErrorKind::Server => Some("server_error"),
+        ErrorKind::InvalidRequest
+            if error
+                .message
+                .starts_with("this model's maximum context length") =>
+        {
+            Some("context_length_exceeded")
+        }
+        _ => None,
+    };
+    (param, code)
 }
 
 /// A stream's state across `render-stream` calls (one request).
@@ -243,6 +283,8 @@ pub struct Stream {
     logprobs: Vec<TokenLogprob>,
     /// The open item's text so far (for its `.done` events).
     text: String,
+    /// Logprobs sent on each text item's deltas, by output index.
+    text_logprobs: BTreeMap<u32, Vec<Value>>,
     /// The open tool call's (call id, name).
     call: Option<(String, String)>,
     /// The kind of the open item.
@@ -307,6 +349,11 @@ pub fn stream_events(
     }
     // This update's token logprobs go on its first text delta.
     let mut delta_logprobs: Vec<Value> = update.logprobs.iter().map(logprob_json).collect();
+    let truncated = update.finish == Some(FinishReason::Length);
+    let last_stop = steps.iter().rev().find_map(|s| match s {
+        Step::Stop(i) => Some(*i),
+        _ => None,
+    });
     for step in steps {
         match step {
             Step::Start(index, start) => {
@@ -349,6 +396,11 @@ pub fn stream_events(
                 Delta::Text(d) => {
                     state.text.push_str(&d);
                     let lp = std::mem::take(&mut delta_logprobs);
+                    state
+                        .text_logprobs
+                        .entry(index)
+                        .or_default()
+                        .extend(lp.iter().cloned());
                     state.event(
                         &mut out,
                         "response.output_text.delta",
@@ -383,6 +435,13 @@ pub fn stream_events(
             },
             Step::Stop(index) => {
                 let text = std::mem::take(&mut state.text);
+                // The item the token limit cut is `incomplete`, as in the
+                // final response: the last one closed by the last update.
+                let status = if truncated && Some(index) == last_stop {
+                    "incomplete"
+                } else {
+                    "completed"
+                };
                 match state.open_kind.take() {
                     Some(Start::Thinking) => {
                         let id = item_id(ctx, "rs", index);
@@ -413,19 +472,20 @@ pub fn stream_events(
                     }
                     Some(Start::Text) => {
                         let id = item_id(ctx, "msg", index);
+                        let lp = state.text_logprobs.get(&index).cloned().unwrap_or_default();
                         state.event(
                             &mut out,
                             "response.output_text.done",
                             json!({"item_id": id, "output_index": index, "content_index": 0,
-                                   "text": text, "logprobs": []}),
+                                   "text": text, "logprobs": lp}),
                         );
                         state.event(
                             &mut out,
                             "response.content_part.done",
                             json!({"item_id": id, "output_index": index, "content_index": 0,
-                                   "part": text_part(&text, &[])}),
+                                   "part": text_part(&text, &lp)}),
                         );
-                        let item = message_item(id, "completed", vec![text_part(&text, &[])]);
+                        let item = message_item(id, status, vec![text_part(&text, &lp)]);
                         state.event(
                             &mut out,
                             "response.output_item.done",
@@ -440,7 +500,7 @@ pub fn stream_events(
                             "response.function_call_arguments.done",
                             json!({"item_id": id, "output_index": index, "name": name, "arguments": text}),
                         );
-                        let item = call_item(id, "completed", &call_id, &name, &text);
+                        let item = call_item(id, status, &call_id, &name, &text);
                         state.event(
                             &mut out,
                             "response.output_item.done",
@@ -464,7 +524,7 @@ pub fn stream_events(
             "incomplete" => "response.incomplete",
             _ => "response.completed",
         };
-        let body = response(ctx, opts, &whole);
+        let body = streamed_response(ctx, opts, &whole, Some(&state.text_logprobs));
         state.event(&mut out, final_kind, json!({"response": body.clone()}));
         state.finished = Some((whole, body));
     }
@@ -493,15 +553,19 @@ pub fn stream_failed(
         );
         state.event(&mut out, "response.created", json!({"response": base}));
     }
-    let code = match error.kind {
-        ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::TooLarge => "invalid_request",
-        ErrorKind::Plugin | ErrorKind::Server => "server_error",
-    };
+    let code = host_error_fields(error).1.unwrap_or("invalid_request");
     let failed = response_object(
         ctx,
         opts,
         "failed",
-        output_items(ctx, opts, &state.events, &state.logprobs, true),
+        output_items(
+            ctx,
+            opts,
+            &state.events,
+            &state.logprobs,
+            Some(&state.text_logprobs),
+            true,
+        ),
         Value::Null,
         None,
         json!({"code": code, "message": error.message}),

@@ -60,9 +60,13 @@ pub struct Options {
 ///
 /// Errors: a 400 naming the field, or a 404 (`previous_response_not_found`)
 /// for an unknown or expired `previous_response_id`.
+///
+/// `counting` (`/v1/responses/input_tokens`): `instructions` alone are a
+/// prompt to count; a generation needs `input`.
 pub fn parse(
     body: &[u8],
     previous: &dyn Fn(&str) -> Option<Vec<Message>>,
+    counting: bool,
 ) -> Result<(GenerationRequest, Options), Invalid> {
     let obj = object(body)?;
     let f = Fields::new(&obj, "");
@@ -97,10 +101,11 @@ pub fn parse(
     }
     let (input_messages, input_items) = parse_input(obj.get("input"))?;
     conversation.extend(input_messages);
-    if conversation.is_empty() {
+    let instructions = f.string("instructions")?;
+    let has_instructions = instructions.as_ref().is_some_and(|t| !t.is_empty());
+    if conversation.is_empty() && !(counting && has_instructions) {
         return Err(invalid("input", "`input` must not be empty"));
     }
-    let instructions = f.string("instructions")?;
     let mut messages = Vec::new();
     if let Some(text) = instructions.as_ref().filter(|t| !t.is_empty()) {
         messages.push(text_message("system", text.clone()));
@@ -177,7 +182,10 @@ pub fn parse(
     }
     let metadata = match f.object("metadata")? {
         None => json!({}),
-        Some(m) => Value::Object(m.clone()),
+        Some(m) => {
+            check_metadata(m)?;
+            Value::Object(m.clone())
+        }
     };
     let stream = f.bool("stream")?.unwrap_or(false);
     let store = f.bool("store")?.unwrap_or(true);
@@ -296,8 +304,7 @@ fn parse_input(value: Option<&Value>) -> Result<(Vec<Message>, Vec<Value>), Inva
     let items = match value {
         None | Some(Value::Null) => return Ok((Vec::new(), Vec::new())),
         Some(Value::String(s)) => {
-            let item = json!({"type": "message", "role": "user",
-                              "content": [{"type": "input_text", "text": s}]});
+            let item = crate::items::normalize("message", &json!({"role": "user", "content": s}));
             return Ok((vec![text_message("user", s.clone())], vec![item]));
         }
         Some(Value::Array(items)) => items,
@@ -378,11 +385,7 @@ fn parse_input(value: Option<&Value>) -> Result<(Vec<Message>, Vec<Value>), Inva
                 ))
             }
         }
-        let mut item = item.clone();
-        if let Some(o) = item.as_object_mut() {
-            o.insert("type".into(), json!(kind));
-        }
-        normalized.push(item);
+        normalized.push(crate::items::normalize(&kind, item));
     }
     Ok((b.messages, normalized))
 }
@@ -566,6 +569,41 @@ fn parse_tools(value: Option<&Value>) -> Result<(Vec<ToolDefinition>, Vec<Value>
     Ok((tools, echo))
 }
 
+/// `metadata`: at most 16 pairs, keys up to 64 characters, string values up
+/// to 512, as OpenAI limits it.
+fn check_metadata(m: &Map<String, Value>) -> Result<(), Invalid> {
+    if m.len() > 16 {
+        return Err(invalid(
+            "metadata",
+            format!("`metadata` may hold at most 16 pairs, got {}", m.len()),
+        ));
+    }
+    for (k, v) in m {
+        if k.chars().count() > 64 {
+            return Err(invalid(
+                "metadata",
+                format!("`metadata` keys may be at most 64 characters, `{k}` is longer"),
+            ));
+        }
+        match v {
+            Value::String(s) if s.chars().count() <= 512 => {}
+            Value::String(_) => {
+                return Err(invalid(
+                    &format!("metadata.{k}"),
+                    format!("`metadata.{k}` may be at most 512 characters"),
+                ))
+            }
+            _ => {
+                return Err(invalid(
+                    &format!("metadata.{k}"),
+                    format!("`metadata.{k}` must be a string"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `tool_choice`: `"auto" | "none" | "required"`, `{"type": "function",
 /// "name"}` or `{"type": "allowed_tools", "mode"}` (the mode applies to all
 /// function tools). Default: auto with tools, none without.
@@ -606,7 +644,16 @@ fn parse_tool_choice(
                     ))
                 }
             },
-            _ => return Err(invalid(P, shape)),
+            // A hosted tool (`web_search_preview`, `file_search`, `mcp`,
+            // ...): `tools` of those types are ignored, so one cannot be
+            // forced.
+            Some(other) => {
+                return Err(invalid(
+                    "tool_choice.type",
+                    format!("`tool_choice.type` `{other}`: this server runs no hosted tools; only function tools can be chosen"),
+                ))
+            }
+            None => return Err(invalid(P, shape)),
         },
         Some(_) => return Err(invalid(P, shape)),
     };

@@ -19,7 +19,9 @@ pub struct Stored {
 }
 
 fn message_json(m: &Message) -> Value {
-    let text: String = m
+    // Text parts as a list: joined, two parts would render differently in
+    // the chat template than the request that sent them.
+    let parts: Vec<&str> = m
         .content
         .iter()
         .filter_map(|p| match p {
@@ -29,7 +31,7 @@ fn message_json(m: &Message) -> Value {
         .collect();
     json!({
         "role": m.role,
-        "content": text,
+        "content": parts,
         "tool_calls": m.tool_calls.iter().map(|c| json!({
             "id": c.id, "name": c.name, "arguments": c.arguments,
         })).collect::<Vec<_>>(),
@@ -40,7 +42,16 @@ fn message_json(m: &Message) -> Value {
 
 fn message_from(v: &Value) -> Option<Message> {
     let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
-    let content = s("content").unwrap_or_default();
+    let content = match v.get("content")? {
+        Value::Array(parts) => parts
+            .iter()
+            .map(|p| p.as_str().map(|t| ContentPart::Text(t.to_string())))
+            .collect::<Option<Vec<_>>>()?,
+        Value::String(t) if t.is_empty() => Vec::new(),
+        // Documents written before parts were kept as a list.
+        Value::String(t) => vec![ContentPart::Text(t.clone())],
+        _ => return None,
+    };
     let tool_calls = v
         .get("tool_calls")?
         .as_array()?
@@ -55,11 +66,7 @@ fn message_from(v: &Value) -> Option<Message> {
         .collect::<Option<Vec<_>>>()?;
     Some(Message {
         role: s("role")?,
-        content: if content.is_empty() {
-            Vec::new()
-        } else {
-            vec![ContentPart::Text(content)]
-        },
+        content,
         name: None,
         tool_calls,
         tool_call_id: s("tool_call_id"),

@@ -28,8 +28,13 @@ fn no_store(_: &str) -> Option<Vec<Message>> {
     None
 }
 
-fn ok(body: Value) -> (mlxhost_plugin_sdk::v2::adapter::mlxhost::plugin::request::GenerationRequest, Options) {
-    parse(body.to_string().as_bytes(), &no_store).expect("valid request")
+fn ok(
+    body: Value,
+) -> (
+    mlxhost_plugin_sdk::v2::adapter::mlxhost::plugin::request::GenerationRequest,
+    Options,
+) {
+    parse(body.to_string().as_bytes(), &no_store, false).expect("valid request")
 }
 
 fn messages(body: Value) -> Vec<Message> {
@@ -50,7 +55,7 @@ fn text(m: &Message) -> String {
 }
 
 fn param_of(body: Value) -> (u16, Option<String>) {
-    let e = parse(body.to_string().as_bytes(), &no_store).expect_err("rejected");
+    let e = parse(body.to_string().as_bytes(), &no_store, false).expect_err("rejected");
     (e.status, e.param)
 }
 
@@ -58,7 +63,10 @@ fn param_of(body: Value) -> (u16, Option<String>) {
 fn string_input_and_instructions() {
     let m = messages(json!({"input": "Hi", "instructions": "Be brief."}));
     assert_eq!(m.len(), 2);
-    assert_eq!((m[0].role.as_str(), text(&m[0]).as_str()), ("system", "Be brief."));
+    assert_eq!(
+        (m[0].role.as_str(), text(&m[0]).as_str()),
+        ("system", "Be brief.")
+    );
     assert_eq!((m[1].role.as_str(), text(&m[1]).as_str()), ("user", "Hi"));
 }
 
@@ -108,8 +116,10 @@ fn previous_response_id_prepends_the_stored_conversation() {
     ];
     let resolve = |id: &str| (id == "resp_1").then(|| stored.clone());
     let body = json!({"input": "Q2", "instructions": "Now.", "previous_response_id": "resp_1"});
-    let (g, opts) = parse(body.to_string().as_bytes(), &resolve).unwrap();
-    let Prompt::Messages(m) = g.prompt else { panic!() };
+    let (g, opts) = parse(body.to_string().as_bytes(), &resolve, false).unwrap();
+    let Prompt::Messages(m) = g.prompt else {
+        panic!()
+    };
     let texts: Vec<String> = m.iter().map(text).collect();
     assert_eq!(texts, ["Now.", "Q1", "A1", "Q2"]);
     // What a continuation stores: without this request's instructions.
@@ -118,7 +128,7 @@ fn previous_response_id_prepends_the_stored_conversation() {
     assert_eq!(opts.echo["previous_response_id"], "resp_1");
 
     let body = json!({"input": "Q2", "previous_response_id": "resp_gone"});
-    let e = parse(body.to_string().as_bytes(), &resolve).unwrap_err();
+    let e = parse(body.to_string().as_bytes(), &resolve, false).unwrap_err();
     assert_eq!(e.status, 404);
     assert_eq!(e.code, Some("previous_response_not_found"));
     assert_eq!(e.param.as_deref(), Some("previous_response_id"));
@@ -139,7 +149,10 @@ fn only_function_tools_are_offered() {
     assert_eq!(opts.echo["tools"][0]["name"], "shell");
     assert_eq!(opts.echo["tools"].as_array().unwrap().len(), 1);
     // Without tools, auto means none.
-    assert!(matches!(ok(json!({"input": "x"})).0.tool_choice, ToolChoice::None));
+    assert!(matches!(
+        ok(json!({"input": "x"})).0.tool_choice,
+        ToolChoice::None
+    ));
 }
 
 #[test]
@@ -162,24 +175,96 @@ fn malformed_requests_name_the_field() {
         (json!({"input": 5}), 400, "input"),
         (json!({"input": [{"type": "bogus"}]}), 400, "input[0].type"),
         (json!({"input": [{"foo": 1}]}), 400, "input[0].type"),
-        (json!({"input": [{"role": "robot", "content": "x"}]}), 400, "input[0].role"),
-        (json!({"input": [{"role": "user"}]}), 400, "input[0].content"),
-        (json!({"input": [{"role": "user", "content": [{"type": "input_file"}]}]}), 400, "input[0].content[0].type"),
-        (json!({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}), 400, "input[0].arguments"),
-        (json!({"input": [{"type": "item_reference", "id": "x"}]}), 400, "input[0].type"),
-        (json!({"input": "x", "tools": [{"name": "f"}]}), 400, "tools[0].type"),
-        (json!({"input": "x", "tools": [{"type": "function", "name": "bad name"}]}), 400, "tools[0].name"),
-        (json!({"input": "x", "tool_choice": "sometimes"}), 400, "tool_choice"),
-        (json!({"input": "x", "reasoning": {"summary": "long"}}), 400, "reasoning.summary"),
-        (json!({"input": "x", "top_logprobs": 21}), 400, "top_logprobs"),
-        (json!({"input": "x", "conversation": "conv_1"}), 400, "conversation"),
+        (
+            json!({"input": [{"role": "robot", "content": "x"}]}),
+            400,
+            "input[0].role",
+        ),
+        (
+            json!({"input": [{"role": "user"}]}),
+            400,
+            "input[0].content",
+        ),
+        (
+            json!({"input": [{"role": "user", "content": [{"type": "input_file"}]}]}),
+            400,
+            "input[0].content[0].type",
+        ),
+        (
+            json!({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}),
+            400,
+            "input[0].arguments",
+        ),
+        (
+            json!({"input": [{"type": "item_reference", "id": "x"}]}),
+            400,
+            "input[0].type",
+        ),
+        (
+            json!({"input": "x", "tools": [{"name": "f"}]}),
+            400,
+            "tools[0].type",
+        ),
+        (
+            json!({"input": "x", "tools": [{"type": "function", "name": "bad name"}]}),
+            400,
+            "tools[0].name",
+        ),
+        (
+            json!({"input": "x", "tool_choice": "sometimes"}),
+            400,
+            "tool_choice",
+        ),
+        (
+            json!({"input": "x", "reasoning": {"summary": "long"}}),
+            400,
+            "reasoning.summary",
+        ),
+        (
+            json!({"input": "x", "top_logprobs": 21}),
+            400,
+            "top_logprobs",
+        ),
+        (
+            json!({"input": "x", "conversation": "conv_1"}),
+            400,
+            "conversation",
+        ),
         (json!({"input": []}), 400, "input"),
+        (
+            json!({"input": "x", "tool_choice": {"type": "web_search_preview"}}),
+            400,
+            "tool_choice.type",
+        ),
+        (
+            json!({"input": "x", "metadata": {"k": 1}}),
+            400,
+            "metadata.k",
+        ),
+        (
+            json!({"input": "x", "metadata": {"k": "v".repeat(513)}}),
+            400,
+            "metadata.k",
+        ),
+        (
+            json!({"input": "x", "metadata": (0..17).map(|i| (format!("k{i}"), json!("v"))).collect::<serde_json::Map<_, _>>()}),
+            400,
+            "metadata",
+        ),
     ] {
-        assert_eq!(param_of(body.clone()), (status, Some(param.to_string())), "{body}");
+        assert_eq!(
+            param_of(body.clone()),
+            (status, Some(param.to_string())),
+            "{body}"
+        );
     }
 }
 
-fn update(sequence: u32, events: Vec<GenerationEvent>, finish: Option<FinishReason>) -> GenerationUpdate {
+fn update(
+    sequence: u32,
+    events: Vec<GenerationEvent>,
+    finish: Option<FinishReason>,
+) -> GenerationUpdate {
     GenerationUpdate {
         sequence,
         events,
@@ -222,7 +307,12 @@ fn output_items_in_order() {
     let r = render::response(&ctx(), &opts, &whole);
     assert_eq!(r["id"], "resp_r1");
     assert_eq!(r["status"], "completed");
-    let kinds: Vec<&str> = r["output"].as_array().unwrap().iter().map(|i| i["type"].as_str().unwrap()).collect();
+    let kinds: Vec<&str> = r["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["type"].as_str().unwrap())
+        .collect();
     assert_eq!(kinds, ["reasoning", "message", "function_call"]);
     assert_eq!(r["output"][0]["content"][0]["text"], "Think.");
     assert_eq!(r["output"][0]["summary"], json!([]));
@@ -238,7 +328,10 @@ fn output_items_in_order() {
     assert_eq!(text(&turn), "Let me check.");
     let call = &turn.tool_calls[0];
     assert_eq!(turn.tool_calls.len(), 1);
-    assert_eq!((call.id.as_str(), call.name.as_str()), ("call_1", "get_weather"));
+    assert_eq!(
+        (call.id.as_str(), call.name.as_str()),
+        ("call_1", "get_weather")
+    );
     assert_eq!(call.arguments, "{\"city\": \"Paris\"}");
 }
 
@@ -250,15 +343,27 @@ fn a_stream_is_a_sequence_that_ends_in_the_non_streamed_response() {
     let mut out = Vec::new();
     // One event per update, as a stream delivers them.
     for (k, e) in events.iter().enumerate() {
-        out.extend(render::stream_events(&ctx(), &opts, &mut state, &update(k as u32, vec![e.clone()], None)));
+        out.extend(render::stream_events(
+            &ctx(),
+            &opts,
+            &mut state,
+            &update(k as u32, vec![e.clone()], None),
+        ));
     }
     out.extend(render::stream_events(
         &ctx(),
         &opts,
         &mut state,
-        &update(events.len() as u32, Vec::new(), Some(FinishReason::ToolCalls)),
+        &update(
+            events.len() as u32,
+            Vec::new(),
+            Some(FinishReason::ToolCalls),
+        ),
     ));
-    let parsed: Vec<Value> = out.iter().map(|(_, d)| serde_json::from_str(d).unwrap()).collect();
+    let parsed: Vec<Value> = out
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
     for (k, (name, _)) in out.iter().enumerate() {
         assert_eq!(parsed[k]["type"], name.as_str());
         assert_eq!(parsed[k]["sequence_number"], k);
@@ -292,14 +397,20 @@ fn a_stream_is_a_sequence_that_ends_in_the_non_streamed_response() {
         ]
     );
     let whole = update(0, events, Some(FinishReason::ToolCalls));
-    assert_eq!(parsed.last().unwrap()["response"], render::response(&ctx(), &opts, &whole));
+    assert_eq!(
+        parsed.last().unwrap()["response"],
+        render::response(&ctx(), &opts, &whole)
+    );
     // Each item's `.done` equals the final response's item.
     let done: Vec<&Value> = parsed
         .iter()
         .filter(|e| e["type"] == "response.output_item.done")
         .map(|e| &e["item"])
         .collect();
-    let final_items = parsed.last().unwrap()["response"]["output"].as_array().unwrap().clone();
+    let final_items = parsed.last().unwrap()["response"]["output"]
+        .as_array()
+        .unwrap()
+        .clone();
     assert_eq!(done.into_iter().cloned().collect::<Vec<_>>(), final_items);
     let (whole, _) = state.finished.expect("kept for the store");
     assert_eq!(whole.events.len(), 6);
@@ -337,6 +448,8 @@ fn a_failure_mid_stream_ends_in_response_failed() {
 #[test]
 fn stored_documents_round_trip() {
     let mut assistant = text_message("assistant", "A".into());
+    // Parts are kept as parts (joining them would change the prompt).
+    assistant.content.push(ContentPart::Text("B".into()));
     assistant.reasoning = Some("R".into());
     assistant.tool_calls.push(ToolCall {
         id: "c".into(),
@@ -352,7 +465,71 @@ fn stored_documents_round_trip() {
     };
     let back = Stored::from_bytes(&s.to_bytes()).unwrap();
     assert_eq!(back.response, s.response);
-    assert_eq!(format!("{:?}", back.conversation), format!("{:?}", s.conversation));
+    assert_eq!(
+        format!("{:?}", back.conversation),
+        format!("{:?}", s.conversation)
+    );
     assert_eq!(back.input_items, s.input_items);
     assert!(Stored::from_bytes(b"not json").is_none());
+}
+
+#[test]
+fn counting_takes_instructions_alone_but_a_generation_needs_input() {
+    let body = json!({"instructions": "Be brief."}).to_string();
+    assert!(parse(body.as_bytes(), &no_store, true).is_ok());
+    let e = parse(body.as_bytes(), &no_store, false).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("input"));
+}
+
+#[test]
+fn a_truncated_stream_with_logprobs_agrees_with_its_final_response() {
+    use mlxhost_plugin_sdk::v2::adapter::exports::mlxhost::plugin::api_adapter::TokenLogprob;
+    let (_, opts) = ok(json!({"input": "x", "stream": true, "top_logprobs": 1}));
+    let lp = |t: &str| TokenLogprob {
+        id: 1,
+        token: t.into(),
+        bytes: t.as_bytes().to_vec(),
+        logprob: -0.5,
+        top: Vec::new(),
+    };
+    let mut state = render::Stream::default();
+    let mut out = Vec::new();
+    for (k, t) in ["Hel", "lo"].into_iter().enumerate() {
+        let mut u = update(k as u32, vec![GenerationEvent::Text(t.into())], None);
+        u.logprobs = vec![lp(t)];
+        out.extend(render::stream_events(&ctx(), &opts, &mut state, &u));
+    }
+    out.extend(render::stream_events(
+        &ctx(),
+        &opts,
+        &mut state,
+        &update(2, Vec::new(), Some(FinishReason::Length)),
+    ));
+    let parsed: Vec<Value> = out
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    let last = parsed.last().unwrap();
+    assert_eq!(last["type"], "response.incomplete");
+    let done = parsed
+        .iter()
+        .find(|e| e["type"] == "response.output_item.done")
+        .unwrap();
+    assert_eq!(done["item"]["status"], "incomplete");
+    assert_eq!(done["item"], last["response"]["output"][0]);
+    assert_eq!(
+        done["item"]["content"][0]["logprobs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    let text_done = parsed
+        .iter()
+        .find(|e| e["type"] == "response.output_text.done")
+        .unwrap();
+    assert_eq!(
+        text_done["logprobs"],
+        done["item"]["content"][0]["logprobs"]
+    );
 }

@@ -187,6 +187,17 @@ pub struct SsdCache {
 }
 
 impl SsdCache {
+    /// Checks that the tier's directory can be opened (see
+    /// [`Store::check_usable`]) without indexing it or knowing the model.
+    ///
+    /// Errors: [`SsdError::Dir`] naming the directory and why.
+    pub fn check_usable(config: &SsdConfig) -> Result<(), SsdError> {
+        Store::check_usable(&config.dir).map_err(|source| SsdError::Dir {
+            dir: config.dir.clone(),
+            source,
+        })
+    }
+
     /// Opens the tier at `config.dir` for a model (see [`Store::open`]).
     ///
     /// Errors: [`SsdError::Dir`] when the directory cannot be created or

@@ -185,7 +185,7 @@ impl Drop for PendingFile {
 }
 
 /// Creates `dir` (and parents) private to the user.
-fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     let mut b = std::fs::DirBuilder::new();
     b.recursive(true);
     #[cfg(unix)]
@@ -212,7 +212,39 @@ fn entry_file_name(tokens: &[u32]) -> String {
     )
 }
 
+/// Creates `root` (private) and takes its exclusive lock (the `lock` file,
+/// held while the returned file is open), then checks the directory is
+/// ours and not writable by others.
+///
+/// Errors: as [`Store::open`].
+fn lock_dir(root: &Path) -> Result<File, OpenError> {
+    create_private_dir(root)?;
+    let lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(root.join("lock"))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => return Err(OpenError::Busy),
+        Err(std::fs::TryLockError::Error(e)) => return Err(e.into()),
+    }
+    check_private(root, &lock, false)?;
+    Ok(lock)
+}
+
 impl Store {
+    /// Checks, cheaply, that [`Store::open`] would get the directory: creates
+    /// it, takes and releases its lock and checks it is private, without
+    /// indexing entries. `serve` calls it before binding its port and
+    /// loading the model, so a refused start fails at once.
+    ///
+    /// Errors: as [`Store::open`].
+    pub fn check_usable(root: &Path) -> Result<(), OpenError> {
+        lock_dir(root).map(drop)
+    }
+
     /// Opens (creating) the store at `root`: takes the directory's lock,
     /// removes orphaned temporary files, indexes every entry (quarantining
     /// files that fail the header check) and evicts down to `max_bytes`.
@@ -221,19 +253,7 @@ impl Store {
     /// [`OpenError::Unsafe`] when it (or a subdirectory) is not ours or is
     /// writable by others; I/O errors creating or listing it.
     pub fn open(root: &Path, max_bytes: u64) -> Result<Store, OpenError> {
-        create_private_dir(root)?;
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(root.join("lock"))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => return Err(OpenError::Busy),
-            Err(std::fs::TryLockError::Error(e)) => return Err(e.into()),
-        }
-        check_private(root, &lock, false)?;
+        let lock = lock_dir(root)?;
         for sub in [ENTRIES_DIR, TMP_DIR, QUARANTINE_DIR] {
             create_private_dir(&root.join(sub))?;
             check_private(&root.join(sub), &lock, true)?;

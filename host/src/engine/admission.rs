@@ -1,0 +1,196 @@
+//! Admission by memory: what one row may hold at its largest (its KV cache
+//! at the end of its generation, plus the transient activations of its
+//! largest prefill chunk), checked against `--memory-budget` before the
+//! row is prefilled. A row that can never fit fails with a 400; one that
+//! fits only once running rows retire waits in the queue.
+//!
+//! The estimate is an upper bound of the model graph's own buffers
+//! (`model/llama.rs`): KV `[layers, 2, H_kv, T, D]` in the activation dtype
+//! (sliding-window layers keep at most their window), attention scores
+//! `[H, chunk, T]` in float32 for one layer at a time, the MLP's
+//! `[chunk, intermediate]` gate, up and product, and the last position's
+//! logits `[vocab]` in float32.
+
+use crate::cache::LayerKind;
+use crate::model::ModelConfig;
+
+/// The shape numbers the estimate needs (from the model's config and KV
+/// cache kinds).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowShape {
+    /// Transformer layers' cache kinds (one per layer).
+    pub kinds: Vec<LayerKind>,
+    /// KV heads per layer (`H_kv`).
+    pub kv_heads: usize,
+    /// Query heads per layer (`H`).
+    pub heads: usize,
+    /// Head dimension (`D`).
+    pub head_dim: usize,
+    /// Residual width.
+    pub hidden: usize,
+    /// MLP width.
+    pub intermediate: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Bytes per KV element (the activation dtype: 2 for float16/bfloat16,
+    /// 4 for float32).
+    pub kv_elem_bytes: usize,
+}
+
+impl RowShape {
+    /// The shape of a model with `config`, layer kinds `kinds` and
+    /// activation elements of `kv_elem_bytes` bytes.
+    pub fn new(config: &ModelConfig, kinds: Vec<LayerKind>, kv_elem_bytes: usize) -> RowShape {
+        RowShape {
+            kinds,
+            kv_heads: config.num_key_value_heads,
+            heads: config.num_attention_heads,
+            head_dim: config.head_dim(),
+            hidden: config.hidden_size,
+            intermediate: config.intermediate_size,
+            vocab: config.vocab_size,
+            kv_elem_bytes,
+        }
+    }
+
+    /// KV bytes of a row holding `tokens` positions: per layer
+    /// `2 × H_kv × min(tokens, window) × D × elem`.
+    pub fn kv_bytes(&self, tokens: usize) -> u64 {
+        let per_position = (2 * self.kv_heads * self.head_dim * self.kv_elem_bytes) as u64;
+        self.kinds
+            .iter()
+            .map(|k| {
+                let kept = match k {
+                    LayerKind::Full => tokens,
+                    LayerKind::SlidingWindow { window } => tokens.min(*window),
+                };
+                kept as u64 * per_position
+            })
+            .sum()
+    }
+
+    /// Transient bytes of one forward feeding `chunk` positions after
+    /// `context` positions already cached (float32 scores `[H, chunk,
+    /// context + chunk]`, the MLP's three `[chunk, intermediate]` buffers,
+    /// four `[chunk, hidden]` residual buffers, the last logits row).
+    pub fn activation_bytes(&self, chunk: usize, context: usize) -> u64 {
+        let f32 = 4u64;
+        let scores = (self.heads * chunk * (context + chunk)) as u64 * f32;
+        let mlp = (3 * chunk * self.intermediate) as u64 * f32;
+        let residual = (4 * chunk * self.hidden) as u64 * f32;
+        let logits = self.vocab as u64 * f32;
+        scores + mlp + residual + logits
+    }
+
+    /// The most a row of `prompt` tokens generating up to `max_new` tokens
+    /// holds at once: its final KV plus its largest prefill forward
+    /// (`prefill_chunk` positions after the rest of the prompt).
+    pub fn row_bytes(&self, prompt: usize, max_new: usize, prefill_chunk: usize) -> u64 {
+        let chunk = prompt.min(prefill_chunk.max(1));
+        self.kv_bytes(prompt + max_new) + self.activation_bytes(chunk, prompt - chunk)
+    }
+}
+
+/// `--memory-budget`: how many bytes the running rows may reserve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MemoryBudget {
+    /// No admission check.
+    Off,
+    /// This many bytes.
+    Bytes(u64),
+    /// 90% of the memory available when the scheduler starts (after the
+    /// model is loaded), less `keep` bytes (the RAM prompt cache's cap);
+    /// off where available memory cannot be read (not Linux).
+    #[default]
+    Auto,
+    /// As `Auto`, keeping `keep` bytes aside.
+    AutoKeeping {
+        /// Bytes left out of the budget.
+        keep: u64,
+    },
+}
+
+impl MemoryBudget {
+    /// The budget in bytes now (`None`: no check).
+    pub fn resolve(self) -> Option<u64> {
+        let auto = |keep: u64| {
+            available_memory()
+                .map(|a| (a as f64 * 0.9) as u64)
+                .map(|a| a.saturating_sub(keep))
+        };
+        match self {
+            MemoryBudget::Off => None,
+            MemoryBudget::Bytes(b) => Some(b),
+            MemoryBudget::Auto => auto(0),
+            MemoryBudget::AutoKeeping { keep } => auto(keep),
+        }
+    }
+}
+
+/// Bytes of memory available to new allocations now: Linux's
+/// `MemAvailable` (`/proc/meminfo`, kB); `None` elsewhere or when it cannot
+/// be read.
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_available(&text)
+}
+
+fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Formats bytes as GiB with two decimals, for messages.
+pub fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(kinds: Vec<LayerKind>) -> RowShape {
+        RowShape {
+            kinds,
+            kv_heads: 3,
+            heads: 9,
+            head_dim: 64,
+            hidden: 576,
+            intermediate: 1536,
+            vocab: 49152,
+            kv_elem_bytes: 4,
+        }
+    }
+
+    #[test]
+    fn kv_grows_with_tokens_and_stops_at_the_window() {
+        let full = shape(vec![LayerKind::Full; 30]);
+        // SmolLM2-135M in float32: 30 layers × 2 × 3 × 64 × 4 = 46,080 B/token.
+        assert_eq!(full.kv_bytes(1), 46_080);
+        assert_eq!(full.kv_bytes(1000), 46_080_000);
+        let sliding = shape(vec![LayerKind::SlidingWindow { window: 512 }; 30]);
+        assert_eq!(sliding.kv_bytes(512), sliding.kv_bytes(4096));
+        assert!(sliding.kv_bytes(511) < sliding.kv_bytes(512));
+    }
+
+    #[test]
+    fn a_row_counts_its_final_kv_and_its_largest_chunk() {
+        let s = shape(vec![LayerKind::Full; 30]);
+        let row = s.row_bytes(1000, 200, 512);
+        assert_eq!(row, s.kv_bytes(1200) + s.activation_bytes(512, 488));
+        // A short prompt is one chunk of its own length.
+        assert_eq!(
+            s.row_bytes(10, 5, 512),
+            s.kv_bytes(15) + s.activation_bytes(10, 0)
+        );
+        assert!(s.row_bytes(1000, 2000, 512) > s.row_bytes(1000, 200, 512));
+    }
+
+    #[test]
+    fn mem_available_is_read_in_bytes() {
+        let text = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   20000000 kB\n";
+        assert_eq!(parse_mem_available(text), Some(20_000_000 * 1024));
+        assert_eq!(parse_mem_available("MemTotal: 5 kB\n"), None);
+    }
+}

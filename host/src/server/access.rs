@@ -1,0 +1,321 @@
+//! Who may talk to the server: API keys, the `Host` header (DNS-rebinding
+//! defence), browser origins (CORS) and JSON content types. Pure checks
+//! over request headers; `super::guard` applies them to every request and
+//! renders the refusals in the dialect's error shape.
+//!
+//! Why each exists: a server on loopback is still reachable from any web
+//! page the user opens. A page can send a "simple" cross-origin POST
+//! (`text/plain` or form body, no preflight), so JSON routes refuse other
+//! content types (415); a page on a rebinding domain reaches `127.0.0.1`
+//! with its own name in `Host`, so on loopback binds only loopback names
+//! are accepted (403); a page's fetch carries its `Origin`, refused unless
+//! `--allowed-origins` lists it (403, and no CORS grant in preflights).
+
+use std::net::IpAddr;
+
+use axum::http::{header, HeaderMap, Method};
+
+/// The server's access settings (`--api-key`, `--allowed-hosts`,
+/// `--allowed-origins`).
+#[derive(Debug, Clone, Default)]
+pub struct AccessPolicy {
+    /// Accepted API keys; empty = no key needed.
+    pub api_keys: Vec<String>,
+    /// Accepted `Host` names (without port; lower case); `None` = any.
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Origins a browser page may call from (`scheme://host[:port]`,
+    /// lower case); `*` = any; empty = none (CORS off).
+    pub allowed_origins: Vec<String>,
+}
+
+/// Why a request is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// 401: no or a wrong API key.
+    Unauthorized,
+    /// 403: a `Host` this server does not answer to.
+    ForeignHost(String),
+    /// 403: a browser origin not in `--allowed-origins`.
+    ForeignOrigin(String),
+    /// 415: a body that is not JSON on a JSON route.
+    NotJson(String),
+}
+
+impl Refusal {
+    /// HTTP status.
+    pub fn status(&self) -> u16 {
+        match self {
+            Refusal::Unauthorized => 401,
+            Refusal::ForeignHost(_) | Refusal::ForeignOrigin(_) => 403,
+            Refusal::NotJson(_) => 415,
+        }
+    }
+
+    /// The message the client sees.
+    pub fn message(&self) -> String {
+        match self {
+            Refusal::Unauthorized => "invalid or missing API key: send it as `Authorization: Bearer KEY` or `x-api-key: KEY` (--api-key)".into(),
+            Refusal::ForeignHost(h) => format!(
+                "Host `{h}` is not allowed (this server answers to its bound address and --allowed-hosts)"
+            ),
+            Refusal::ForeignOrigin(o) => {
+                format!("origin `{o}` is not allowed (--allowed-origins)")
+            }
+            Refusal::NotJson(t) => format!(
+                "Content-Type `{t}` is not supported: send the body as `application/json`"
+            ),
+        }
+    }
+}
+
+/// The default `--allowed-hosts` for a bind address: loopback names on a
+/// loopback bind (the DNS-rebinding defence matters there: the server is
+/// "private"), any host otherwise (a server exposed on purpose is reached
+/// by names we cannot know).
+pub fn default_allowed_hosts(bind: IpAddr) -> Option<Vec<String>> {
+    bind.is_loopback().then(|| {
+        ["localhost", "127.0.0.1", "::1", "[::1]"]
+            .into_iter()
+            .map(String::from)
+            .chain(std::iter::once(bind.to_string()))
+            .collect()
+    })
+}
+
+/// The host name of a `Host` header value, without the port, lower case.
+fn host_name(value: &str) -> String {
+    let v = value.trim();
+    let name = if v.starts_with('[') {
+        // `[::1]:8080` -> `[::1]`
+        v.split_inclusive(']').next().unwrap_or(v)
+    } else {
+        v.rsplit_once(':').map(|(h, _)| h).unwrap_or(v)
+    };
+    name.to_ascii_lowercase()
+}
+
+/// Constant-time equality, so a key cannot be guessed byte by byte from
+/// response times.
+fn same_key(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether `ct` (a Content-Type value) is JSON: `application/json` or a
+/// `+json` type, any parameters.
+fn is_json(ct: &str) -> bool {
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+impl AccessPolicy {
+    /// Whether an origin may call (`--allowed-origins`).
+    pub fn origin_allowed(&self, origin: &str) -> bool {
+        let origin = origin.trim().to_ascii_lowercase();
+        self.allowed_origins
+            .iter()
+            .any(|o| o == "*" || *o == origin)
+    }
+
+    /// The API key a request carries: `Authorization: Bearer KEY` or
+    /// `x-api-key: KEY` (Anthropic clients).
+    fn presented_key(headers: &HeaderMap) -> Option<&str> {
+        let bearer = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                let (scheme, key) = v.trim().split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then_some(key.trim())
+            });
+        bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+    }
+
+    /// Whether the request has a valid key (always, when none is set).
+    pub fn authorized(&self, headers: &HeaderMap) -> bool {
+        if self.api_keys.is_empty() {
+            return true;
+        }
+        let Some(key) = Self::presented_key(headers) else {
+            return false;
+        };
+        // Every key is compared, so the time does not say which matched.
+        self.api_keys
+            .iter()
+            .fold(false, |ok, k| same_key(k.as_bytes(), key.as_bytes()) | ok)
+    }
+
+    /// The checks every request passes before its route runs, in order:
+    /// `Host`, `Origin`, then (unless `open`: `/health`) the API key, then
+    /// (for a body-carrying method on a JSON route) the content type.
+    ///
+    /// Errors: the first refusal.
+    pub fn check(
+        &self,
+        method: &Method,
+        headers: &HeaderMap,
+        open: bool,
+        json_route: bool,
+    ) -> Result<(), Refusal> {
+        if let Some(hosts) = &self.allowed_hosts {
+            // HTTP/1.1 requires Host; a request without one gets the
+            // bound address's rules as if it named it (curl --http1.0).
+            if let Some(value) = headers.get(header::HOST) {
+                let raw = value.to_str().unwrap_or("");
+                let name = host_name(raw);
+                if !hosts.iter().any(|h| h == "*" || *h == name) {
+                    return Err(Refusal::ForeignHost(raw.to_string()));
+                }
+            }
+        }
+        if let Some(origin) = headers.get(header::ORIGIN) {
+            let o = origin.to_str().unwrap_or("");
+            if !self.origin_allowed(o) {
+                return Err(Refusal::ForeignOrigin(o.to_string()));
+            }
+        }
+        if !open && !self.authorized(headers) {
+            return Err(Refusal::Unauthorized);
+        }
+        let has_body = matches!(*method, Method::POST | Method::PUT | Method::PATCH);
+        if json_route && has_body {
+            let declared_empty = headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.trim() == "0");
+            match headers.get(header::CONTENT_TYPE) {
+                Some(ct) if is_json(ct.to_str().unwrap_or("")) => {}
+                None if declared_empty => {}
+                Some(ct) => {
+                    return Err(Refusal::NotJson(
+                        ct.to_str().unwrap_or("(not text)").to_string(),
+                    ))
+                }
+                None => return Err(Refusal::NotJson("(none)".into())),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    fn loopback() -> AccessPolicy {
+        AccessPolicy {
+            allowed_hosts: default_allowed_hosts("127.0.0.1".parse().unwrap()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn loopback_binds_answer_only_loopback_names() {
+        let p = loopback();
+        let get =
+            |host: &'static str| p.check(&Method::GET, &headers(&[("host", host)]), false, false);
+        assert!(get("127.0.0.1:8080").is_ok());
+        assert!(get("localhost:8080").is_ok());
+        assert!(get("LOCALHOST").is_ok());
+        assert!(get("[::1]:8080").is_ok());
+        assert_eq!(
+            get("evil.example:8080"),
+            Err(Refusal::ForeignHost("evil.example:8080".into()))
+        );
+        let open = AccessPolicy {
+            allowed_hosts: default_allowed_hosts("0.0.0.0".parse().unwrap()),
+            ..Default::default()
+        };
+        assert!(open
+            .check(
+                &Method::GET,
+                &headers(&[("host", "any.name")]),
+                false,
+                false
+            )
+            .is_ok());
+    }
+
+    #[test]
+    fn keys_are_accepted_as_bearer_or_x_api_key() {
+        let p = AccessPolicy {
+            api_keys: vec!["k1".into(), "k2".into()],
+            ..Default::default()
+        };
+        assert!(p.authorized(&headers(&[("authorization", "Bearer k1")])));
+        assert!(p.authorized(&headers(&[("authorization", "bearer  k2")])));
+        assert!(p.authorized(&headers(&[("x-api-key", "k2")])));
+        assert!(!p.authorized(&headers(&[("authorization", "Bearer k3")])));
+        assert!(!p.authorized(&headers(&[("authorization", "Basic k1")])));
+        assert!(!p.authorized(&headers(&[])));
+        // `/health` stays open.
+        assert!(p.check(&Method::GET, &headers(&[]), true, false).is_ok());
+        assert_eq!(
+            p.check(&Method::GET, &headers(&[]), false, false),
+            Err(Refusal::Unauthorized)
+        );
+        assert!(AccessPolicy::default().authorized(&headers(&[])));
+    }
+
+    #[test]
+    fn json_routes_refuse_other_bodies() {
+        let p = AccessPolicy::default();
+        let post = |h: HeaderMap| p.check(&Method::POST, &h, false, true);
+        assert!(post(headers(&[("content-type", "application/json")])).is_ok());
+        assert!(post(headers(&[(
+            "content-type",
+            "application/json; charset=utf-8"
+        )]))
+        .is_ok());
+        assert!(post(headers(&[("content-type", "application/vnd.api+json")])).is_ok());
+        assert_eq!(
+            post(headers(&[("content-type", "text/plain")])),
+            Err(Refusal::NotJson("text/plain".into()))
+        );
+        assert!(post(headers(&[(
+            "content-type",
+            "application/x-www-form-urlencoded"
+        )]))
+        .is_err());
+        assert!(post(headers(&[])).is_err());
+        assert!(post(headers(&[("content-length", "0")])).is_ok());
+        assert!(p.check(&Method::GET, &headers(&[]), false, true).is_ok());
+    }
+
+    #[test]
+    fn origins_need_allowing() {
+        let p = AccessPolicy::default();
+        let h = headers(&[("origin", "https://evil.example")]);
+        assert_eq!(
+            p.check(&Method::POST, &h, false, false),
+            Err(Refusal::ForeignOrigin("https://evil.example".into()))
+        );
+        let allowed = AccessPolicy {
+            allowed_origins: vec!["https://app.example".into()],
+            ..Default::default()
+        };
+        assert!(allowed.origin_allowed("https://APP.example"));
+        assert!(!allowed.origin_allowed("https://evil.example"));
+        let any = AccessPolicy {
+            allowed_origins: vec!["*".into()],
+            ..Default::default()
+        };
+        assert!(any.check(&Method::POST, &h, false, false).is_ok());
+    }
+}
