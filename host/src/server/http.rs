@@ -471,13 +471,14 @@ async fn run_generation(
     plugins: Arc<PluginHost>,
 ) -> Response {
     let (tx, rx) = mpsc::unbounded_channel();
+    let cancel = Arc::new(AtomicBool::new(false));
     let mut rx = Events {
         rx,
         deadline: app
             .request_timeout
             .map(|d| (tokio::time::Instant::now() + d, d)),
+        cancel: cancel.clone(),
     };
-    let cancel = Arc::new(AtomicBool::new(false));
     let guard = CancelOnDrop(cancel.clone());
     let cancel_flag = cancel.clone();
     let prompt_tokens = prepared.request.prompt_ids.len();
@@ -726,32 +727,49 @@ fn record_failed(m: &super::metrics::Metrics) {
         .inc();
 }
 
+/// Longest wait, after `--request-timeout` passed, for the engine to stop
+/// the generation (it does at its next step).
+const TIMEOUT_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A job's events with the request's deadline (`--request-timeout`).
 struct Events {
     rx: mpsc::UnboundedReceiver<JobEvent>,
     /// (when, the configured limit).
     deadline: Option<(tokio::time::Instant, std::time::Duration)>,
+    /// The job's cancel flag, set when the deadline passes.
+    cancel: Arc<AtomicBool>,
 }
 
 impl Events {
     /// The next event (`None`: the engine dropped the job). Errors: the
-    /// deadline passed; the caller's drop of the cancel guard then stops
-    /// the generation.
+    /// deadline passed; the generation is then cancelled and its end
+    /// awaited (a step, at most [`TIMEOUT_SETTLE`]), so the client that
+    /// gets the 504 finds its slot free for a retry.
     async fn recv(&mut self) -> Result<Option<JobEvent>, ApiError> {
         let Some((at, limit)) = self.deadline else {
             return Ok(self.rx.recv().await);
         };
         tokio::select! {
-            ev = self.rx.recv() => Ok(ev),
-            _ = tokio::time::sleep_until(at) => Err(api_error(
-                504,
-                ErrorKind::Server,
-                format!(
-                    "the request took longer than {} s and was stopped (--request-timeout)",
-                    limit.as_secs_f64()
-                ),
-            )),
+            ev = self.rx.recv() => return Ok(ev),
+            _ = tokio::time::sleep_until(at) => {}
         }
+        self.cancel.store(true, Ordering::Relaxed);
+        let settle = async {
+            while let Some(ev) = self.rx.recv().await {
+                if matches!(ev, JobEvent::Finished(_) | JobEvent::Failed(_)) {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(TIMEOUT_SETTLE, settle).await;
+        Err(api_error(
+            504,
+            ErrorKind::Server,
+            format!(
+                "the request took longer than {} s and was stopped (--request-timeout)",
+                limit.as_secs_f64()
+            ),
+        ))
     }
 }
 
