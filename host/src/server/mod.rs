@@ -18,7 +18,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::http::HeaderValue;
+use axum::http::{HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::Response;
 use axum::routing::get;
@@ -405,7 +405,17 @@ async fn request_id(
         .requests
         .get_or_create(&metrics::RequestLabels {
             route: route_label(&app, &path),
-            method: method.as_str().to_string(),
+            // Extension methods are client-minted: one label for them all.
+            method: match method {
+                Method::GET
+                | Method::POST
+                | Method::PUT
+                | Method::DELETE
+                | Method::HEAD
+                | Method::OPTIONS
+                | Method::PATCH => method.as_str().to_string(),
+                _ => "other".to_string(),
+            },
             status: resp.status().as_u16(),
         })
         .inc();
