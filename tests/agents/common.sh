@@ -43,7 +43,7 @@ class H(http.server.BaseHTTPRequestHandler):
         body = after_tool(body)
         skip = ("host", "connection", "content-length", "accept-encoding")
         hdrs = {k: v for k, v in self.headers.items() if k.lower() not in skip}
-        c = http.client.HTTPConnection("127.0.0.1", UP, timeout=900)
+        c = http.client.HTTPConnection("127.0.0.1", UP, timeout=3600)  # a 20k-token CPU prefill takes ~15 min
         c.request(self.command, self.path, body=body or None, headers=hdrs)
         r = c.getresponse()
         with lock, open(os.path.join(LOG, "index.tsv"), "a") as f:

@@ -346,3 +346,24 @@ def test_a_model_that_fails_to_load_exits_1(tmp_path):
         r = run_binary("serve", "--port", "0", "--model", str(broken), "--plugins", str(tmp_path), timeout=120)
         assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
         assert "error:" in r.stderr
+
+
+def test_a_stream_silent_during_a_long_prefill_gets_keep_alive_comments(server):
+    # ~3.6k prompt tokens: a prefill of well over the 15 s keep-alive interval on this CPU.
+    # The comment lines (":") keep proxies with idle timeouts from cutting the stream.
+    long_prompt = "The quick brown fox jumps over the lazy dog. " * 360
+    body = {"messages": chat(long_prompt), "max_tokens": 1, "temperature": 0, "stream": True}
+    lines, started = [], time.time()
+    with server.http() as h, h.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line:
+                lines.append((time.time() - started, line))
+    data = [t for t, l in lines if l.startswith("data: ")]
+    comments = [t for t, l in lines if l.startswith(":")]
+    assert lines[-1][1] == "data: [DONE]"
+    if data[-1] - data[0] > 20:
+        assert comments, lines[:5]
+        assert all(data[0] < t < data[-1] for t in comments)
+    else:
+        pytest.skip(f"the prefill took {data[-1] - data[0]:.1f} s, under the keep-alive interval")

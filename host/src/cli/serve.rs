@@ -355,7 +355,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         Some(0.0) => MemoryBudget::Off,
         Some(g) => MemoryBudget::Bytes((g * (1u64 << 30) as f64) as u64),
-        None => MemoryBudget::AutoKeeping {
+        None => MemoryBudget::Auto {
             keep: (args.prompt_cache * (1u64 << 30) as f64) as u64,
         },
     };

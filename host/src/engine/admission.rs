@@ -92,7 +92,7 @@ impl RowShape {
 }
 
 /// `--memory-budget`: how many bytes the running rows may reserve.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemoryBudget {
     /// No admission check.
     Off,
@@ -100,11 +100,8 @@ pub enum MemoryBudget {
     Bytes(u64),
     /// 90% of the memory available when the scheduler starts (after the
     /// model is loaded), less `keep` bytes (the RAM prompt cache's cap);
-    /// off where available memory cannot be read (not Linux).
-    #[default]
-    Auto,
-    /// As `Auto`, keeping `keep` bytes aside.
-    AutoKeeping {
+    /// no check where available memory cannot be read (not Linux).
+    Auto {
         /// Bytes left out of the budget.
         keep: u64,
     },
@@ -114,31 +111,16 @@ impl MemoryBudget {
     /// The budget in bytes now (`None`: no check).
     pub fn resolve(self) -> Option<u64> {
         let auto = |keep: u64| {
-            available_memory()
+            crate::runtime::available_memory_bytes()
                 .map(|a| (a as f64 * 0.9) as u64)
                 .map(|a| a.saturating_sub(keep))
         };
         match self {
             MemoryBudget::Off => None,
             MemoryBudget::Bytes(b) => Some(b),
-            MemoryBudget::Auto => auto(0),
-            MemoryBudget::AutoKeeping { keep } => auto(keep),
+            MemoryBudget::Auto { keep } => auto(keep),
         }
     }
-}
-
-/// Bytes of memory available to new allocations now: Linux's
-/// `MemAvailable` (`/proc/meminfo`, kB); `None` elsewhere or when it cannot
-/// be read.
-pub fn available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    parse_mem_available(&text)
-}
-
-fn parse_mem_available(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }
 
 /// Formats bytes as GiB with two decimals, for messages.
@@ -185,12 +167,5 @@ mod tests {
             s.kv_bytes(15) + s.activation_bytes(10, 0)
         );
         assert!(s.row_bytes(1000, 2000, 512) > s.row_bytes(1000, 200, 512));
-    }
-
-    #[test]
-    fn mem_available_is_read_in_bytes() {
-        let text = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   20000000 kB\n";
-        assert_eq!(parse_mem_available(text), Some(20_000_000 * 1024));
-        assert_eq!(parse_mem_available("MemTotal: 5 kB\n"), None);
     }
 }

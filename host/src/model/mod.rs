@@ -35,8 +35,10 @@ pub use weights::ComputeDtype;
 /// The `--dtype` option: how to compute with the checkpoint's weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum DtypeArg {
-    /// float32 dequantized weights on the CPU backend when they fit the memory
-    /// budget (the fast path with BLAS); the checkpoint's path on GPU/Metal.
+    /// On the CPU backend: a quantized checkpoint keeps its 4/8-bit weights
+    /// (mlxhost's quantized kernels), else float32 dequantized weights when
+    /// they fit in half the available memory; the checkpoint's path on
+    /// GPU/Metal.
     #[default]
     Auto,
     /// The checkpoint's path: quantized weights, float16 activations

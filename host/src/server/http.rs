@@ -675,8 +675,16 @@ async fn run_generation(
     let stream = futures_util::stream::unfold(sse_rx, |mut rx| async move {
         rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
     });
-    Sse::new(stream).into_response()
+    // During a long prefill nothing else is sent: an SSE comment every 15 s
+    // (ignored by SSE parsers) keeps idle-timeout proxies and clients from
+    // cutting the stream before its first token.
+    Sse::new(stream)
+        .keep_alive(axum::response::sse::KeepAlive::new().interval(SSE_KEEP_ALIVE))
+        .into_response()
 }
+
+/// How long a stream may be silent before an SSE comment is sent.
+const SSE_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Token timing of one generation for `/metrics`: TTFT from submission,
 /// then the gap between consecutive tokens.
