@@ -186,6 +186,11 @@ pub struct ServeArgs {
     /// loaded, less `--prompt-cache` (no check where that cannot be read).
     #[arg(long, value_name = "GIB")]
     memory_budget: Option<f64>,
+    /// How long a stream may be silent (a long prefill) before a keep-alive
+    /// is sent: the adapter's keep-alive event (Anthropic's `ping`) or an
+    /// SSE comment. Seconds, at least 1.
+    #[arg(long, value_name = "SECONDS", default_value_t = 15)]
+    sse_keep_alive: u64,
 }
 
 /// The access policy the flags ask for.
@@ -346,6 +351,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.header_timeout == 0 || args.body_timeout == 0 {
         anyhow::bail!("--header-timeout and --body-timeout must be at least 1 second");
     }
+    if args.sse_keep_alive == 0 {
+        anyhow::bail!("--sse-keep-alive must be at least 1 second");
+    }
     if args.max_connections == 0 {
         anyhow::bail!("--max-connections must be at least 1");
     }
@@ -396,6 +404,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         body_timeout: Duration::from_secs(args.body_timeout),
         request_timeout: (args.request_timeout > 0)
             .then(|| Duration::from_secs(args.request_timeout)),
+        sse_keep_alive: Duration::from_secs(args.sse_keep_alive),
         schedule: SchedulerConfig {
             max_batch: args.batch,
             prefill_budget: args.prefill_budget,

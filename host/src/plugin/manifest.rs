@@ -107,6 +107,23 @@ pub struct Manifest {
     /// Default plugin parameters, merged under the request's.
     #[serde(default)]
     pub defaults: toml::Table,
+    /// API adapters: the SSE event the host sends while a stream is silent
+    /// (a long prefill), every 15 s; the dialect's own keep-alive, such as
+    /// Anthropic's `ping`, which clients' idle watchdogs count. Without it
+    /// the host sends an SSE comment (`:`), which parsers ignore.
+    #[serde(default)]
+    pub stream_keep_alive: Option<KeepAliveEvent>,
+}
+
+/// An SSE event (`event:` name and one `data:` line) from a manifest.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct KeepAliveEvent {
+    /// The `event:` field (empty: none).
+    #[serde(default)]
+    pub event: String,
+    /// The `data:` field, one line.
+    pub data: String,
 }
 
 impl Manifest {
@@ -133,6 +150,14 @@ impl Manifest {
         };
         if m.kinds.is_empty() {
             return Err("`kinds` is empty".into());
+        }
+        if let Some(k) = &m.stream_keep_alive {
+            if !m.kinds.contains(&Kind::ApiAdapter) {
+                return Err("`stream_keep_alive` is for api-adapter plugins".into());
+            }
+            if [&k.event, &k.data].iter().any(|v| v.contains(['\n', '\r'])) {
+                return Err("`stream_keep_alive` event and data must be one line each".into());
+            }
         }
         if let Some(kind) = m.kinds.iter().find(|k| !version.serves(**k)) {
             return Err(format!(

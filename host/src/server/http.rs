@@ -24,7 +24,7 @@ use crate::cache::ResponseStore;
 use crate::engine::{FinishReason, GenerateError, GenerateSummary};
 use crate::output::{merge, GenerationEvent, OutputPipeline};
 use crate::plugin::bindings::v2::tool_parser::mlxhost::plugin::types::FinishReason as WitFinish;
-use crate::plugin::{AdapterServices, LivePlugins, PluginError, PluginHost};
+use crate::plugin::{AdapterServices, Kind, LivePlugins, PluginError, PluginHost};
 
 use super::adapter::{
     host_error, Action, AdapterCall, ApiError, ErrorKind, GenerationUpdate, HttpRequest,
@@ -61,6 +61,8 @@ pub struct AppState {
     /// Longest a generation may take from arrival (`--request-timeout`);
     /// `None` = no limit.
     pub request_timeout: Option<std::time::Duration>,
+    /// How long a stream may be silent before a keep-alive (`--sse-keep-alive`).
+    pub sse_keep_alive: std::time::Duration,
     /// `/metrics` values recorded as requests are served.
     pub metrics: super::metrics::Metrics,
 }
@@ -470,6 +472,11 @@ async fn run_generation(
     request_id: RequestId,
     plugins: Arc<PluginHost>,
 ) -> Response {
+    let keep_alive_every = app.sse_keep_alive;
+    let adapter_keep_alive = plugins
+        .get(call.name(), Kind::ApiAdapter)
+        .ok()
+        .and_then(|p| p.manifest.stream_keep_alive.clone());
     let (tx, rx) = mpsc::unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
     let mut rx = Events {
@@ -675,16 +682,19 @@ async fn run_generation(
     let stream = futures_util::stream::unfold(sse_rx, |mut rx| async move {
         rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
     });
-    // During a long prefill nothing else is sent: an SSE comment every 15 s
-    // (ignored by SSE parsers) keeps idle-timeout proxies and clients from
-    // cutting the stream before its first token.
-    Sse::new(stream)
-        .keep_alive(axum::response::sse::KeepAlive::new().interval(SSE_KEEP_ALIVE))
-        .into_response()
+    // During a long prefill nothing else is sent: every 15 s the adapter's
+    // keep-alive event (Anthropic's `ping`) or an SSE comment keeps
+    // idle-timeout proxies and clients' watchdogs from cutting the stream.
+    let keep_alive = axum::response::sse::KeepAlive::new().interval(keep_alive_every);
+    let keep_alive = match adapter_keep_alive {
+        Some(k) => keep_alive.event(sse_event(SseEvent {
+            event: k.event,
+            data: k.data,
+        })),
+        None => keep_alive,
+    };
+    Sse::new(stream).keep_alive(keep_alive).into_response()
 }
-
-/// How long a stream may be silent before an SSE comment is sent.
-const SSE_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Token timing of one generation for `/metrics`: TTFT from submission,
 /// then the gap between consecutive tokens.

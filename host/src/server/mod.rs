@@ -60,6 +60,8 @@ pub struct ServeConfig {
     pub body_timeout: Duration,
     /// Longest a generation may take (`--request-timeout`); `None` = none.
     pub request_timeout: Option<Duration>,
+    /// How long a stream may be silent before a keep-alive is sent.
+    pub sse_keep_alive: Duration,
 }
 
 /// Errors that stop the server.
@@ -201,6 +203,7 @@ async fn serve(
         access: config.access,
         body_timeout: config.body_timeout,
         request_timeout: config.request_timeout,
+        sse_keep_alive: config.sse_keep_alive,
         metrics: Default::default(),
     });
     let host_only = || get(http::health).fallback(http::method_not_allowed);
