@@ -134,6 +134,22 @@ impl EngineHandle {
         })
     }
 
+    /// The prompt cache's counters now (defaults if the lock is poisoned).
+    pub fn prompt_cache_stats(&self) -> PromptCacheStats {
+        self.cache_stats
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+
+    /// The scheduler's counters now (defaults if the lock is poisoned).
+    pub fn scheduler_stats(&self) -> SchedulerStats {
+        self.batch_stats
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+
     /// Jobs queued or running.
     pub fn in_flight(&self) -> usize {
         self.queued.load(Ordering::Relaxed)

@@ -199,19 +199,9 @@ pub async fn health(State(app): State<Arc<AppState>>) -> Response {
 /// content, parser failures), the response store's (`response_store`:
 /// entries, bytes, cap; null when off) and the requests in flight.
 pub async fn stats(State(app): State<Arc<AppState>>) -> Response {
-    let cache = app
-        .engine
-        .cache_stats
-        .lock()
-        .map(|s| s.clone())
-        .unwrap_or_default();
+    let cache = app.engine.prompt_cache_stats();
     let ssd = app.engine.ssd_stats.get().map(|h| h.stats());
-    let batch = app
-        .engine
-        .batch_stats
-        .lock()
-        .map(|s| s.clone())
-        .unwrap_or_default();
+    let batch = app.engine.scheduler_stats();
     axum::Json(serde_json::json!({
         "in_flight": app.engine.in_flight(),
         "batch": batch,
@@ -241,18 +231,8 @@ pub async fn method_not_allowed(req: Request) -> Response {
 /// Scrape-time values come from the same sources as `/stats`.
 pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
     use super::metrics::{Snapshot, Tier};
-    let batch = app
-        .engine
-        .batch_stats
-        .lock()
-        .map(|s| s.clone())
-        .unwrap_or_default();
-    let ram = app
-        .engine
-        .cache_stats
-        .lock()
-        .map(|s| s.clone())
-        .unwrap_or_default();
+    let batch = app.engine.scheduler_stats();
+    let ram = app.engine.prompt_cache_stats();
     let mut tiers = vec![Tier {
         name: "ram",
         hits: ram.hits,
