@@ -96,6 +96,9 @@ fi
 # behind the whole agent request. Slow on CPU: use a release build (MLXHOST_BIN).
 if [ "${CC_QWEN:-0}" = 1 ]; then
   SAMPLER=standard START_TRIES=1200 start qwen "" --model qwen2.5-coder-0.5b
+  # Claude Code abandons a stream after 5 min without content events (pings do not count)
+  # and resends the request unstreamed; a ~19k-token CPU prefill takes ~15 min here.
+  export CLAUDE_STREAM_IDLE_TIMEOUT_MS=${CLAUDE_STREAM_IDLE_TIMEOUT_MS:-3600000}
   D=$T/qwen; rc=$(CC_TIMEOUT=${CC_QWEN_TIMEOUT:-1800} claude "$D" -p "Reply with one short sentence: what is 2 + 2?" --max-turns 1)
   res=$(jget "$D/out.json" 'j["result"]'); err=$(jget "$D/out.json" 'j["is_error"]')
   sub=$(jget "$D/out.json" 'j["subtype"]')
