@@ -223,6 +223,8 @@ def test_a_body_shorter_than_its_length_gets_408(strict):
 
 def test_the_request_timeout_stops_a_long_generation(strict):
     with strict.http() as h:
+        cancelled = ("mlxhost_generations_total", (("finish_reason", "cancelled"),))
+        before = metrics(h).get(cancelled, 0)
         started = time.time()
         r = h.post("/v1/chat/completions", json={"messages": chat("Tell a long story."), "max_tokens": 300, "temperature": 0})
         # 300 tokens fit the memory budget but not 3 seconds of this CPU's decode.
@@ -237,6 +239,8 @@ def test_the_request_timeout_stops_a_long_generation(strict):
             lines = [l for l in s.iter_lines() if l.startswith("data: ")]
         assert "--request-timeout" in lines[-1] or "--request-timeout" in lines[-2], lines[-3:]
         assert h.post("/v1/chat/completions", json=HI).status_code == 200
+        # Both stopped generations are counted, with their tokens.
+        assert metrics(h)[cancelled] == before + 2
 
 
 def test_a_request_over_the_memory_budget_is_a_400_and_the_next_succeeds(strict):
@@ -380,3 +384,27 @@ def test_a_stream_silent_during_a_long_prefill_gets_keep_alives(chatty, path, bo
     assert alive, lines[:5]
     # Sent only while the stream is silent: between its first and last events.
     assert all(data[0] < t < data[-1] for t in alive), (alive, data)
+
+
+def test_health_while_loading_is_a_503_with_retry_after():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    s = Server("--port", str(port), wait=False)
+    try:
+        seen = None
+        deadline = time.time() + 60
+        while time.time() < deadline and seen is None:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+                if r.status_code == 503:
+                    seen = r
+                elif r.status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.02)
+        if seen is None:
+            pytest.skip("the model loaded before /health could be asked")
+        assert seen.json()["status"] == "loading" and seen.headers["retry-after"] == "1"
+    finally:
+        s.stop()

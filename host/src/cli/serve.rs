@@ -270,7 +270,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             dir: dir.clone(),
             max_bytes: 0,
             verify: false,
-        })?;
+        })
+        // The message already names the directory and the cause.
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
     let max_mib = PluginLimits::MAX_MEMORY_BYTES >> 20;
     for (flag, mib) in [

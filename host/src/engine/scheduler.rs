@@ -456,8 +456,8 @@ impl<'s> Scheduler<'s> {
         if need > budget {
             return Reservation::Never(format!(
                 "this request needs about {} for its KV cache and activations ({prompt} prompt \
-                 tokens + max_tokens {max_new}), over the server's memory budget of {} \
-                 (--memory-budget): lower max_tokens or shorten the prompt",
+                 tokens + up to {max_new} generated), over the server's memory budget of {} \
+                 (--memory-budget): lower the request's token limit or shorten the prompt",
                 admission::gib(need),
                 admission::gib(budget)
             ));

@@ -187,7 +187,12 @@ pub async fn health(State(app): State<Arc<AppState>>) -> Response {
             serde_json::json!({"status": "loading"}),
         )
     };
-    (status, axum::Json(body)).into_response()
+    let mut resp = (status, axum::Json(body)).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    resp
 }
 
 /// `GET /stats`: the RAM prompt cache's counters (hits, misses, tokens
@@ -465,6 +470,7 @@ async fn run_generation(
             .request_timeout
             .map(|d| (tokio::time::Instant::now() + d, d)),
         cancel: cancel.clone(),
+        app: app.clone(),
     };
     let guard = CancelOnDrop(cancel.clone());
     let cancel_flag = cancel.clone();
@@ -736,6 +742,8 @@ struct Events {
     deadline: Option<(tokio::time::Instant, std::time::Duration)>,
     /// The job's cancel flag, set when the deadline passes.
     cancel: Arc<AtomicBool>,
+    /// Where a timed-out generation's end is counted.
+    app: Arc<AppState>,
 }
 
 impl Events {
@@ -754,8 +762,16 @@ impl Events {
         self.cancel.store(true, Ordering::Relaxed);
         let settle = async {
             while let Some(ev) = self.rx.recv().await {
-                if matches!(ev, JobEvent::Finished(_) | JobEvent::Failed(_)) {
-                    break;
+                match ev {
+                    JobEvent::Finished(summary) => {
+                        record_finished(&self.app.metrics, &summary);
+                        break;
+                    }
+                    JobEvent::Failed(_) => {
+                        record_failed(&self.app.metrics);
+                        break;
+                    }
+                    _ => {}
                 }
             }
         };

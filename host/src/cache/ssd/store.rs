@@ -218,6 +218,12 @@ fn entry_file_name(tokens: &[u32]) -> String {
 ///
 /// Errors: as [`Store::open`].
 fn lock_dir(root: &Path) -> Result<File, OpenError> {
+    if root.exists() && !root.is_dir() {
+        return Err(OpenError::Unsafe(format!(
+            "{} is not a directory",
+            root.display()
+        )));
+    }
     create_private_dir(root)?;
     let lock = OpenOptions::new()
         .read(true)
