@@ -68,13 +68,7 @@ pub async fn guard(State(app): State<Arc<AppState>>, req: Request, next: Next) -
     let path = req.uri().path().to_string();
     if let Some((status, message)) = oversized_head(&req) {
         tracing::info!(status, "request refused: {message}");
-        let id = req
-            .extensions()
-            .get::<RequestId>()
-            .map(|r| r.0.clone())
-            .unwrap_or_default();
-        let error = api_error(status, ErrorKind::InvalidRequest, message);
-        return dialect_error(&app, &path, req.headers(), &id, error);
+        return refuse(&app, &req, &path, status, message);
     }
     let json_route = !is_host_route(&path) && {
         let plugins = app.plugins.current();
@@ -89,22 +83,24 @@ pub async fn guard(State(app): State<Arc<AppState>>, req: Request, next: Next) -
         return next.run(req).await;
     };
     tracing::info!(%path, reason = %refusal.message(), "request refused");
-    let id = req
-        .extensions()
-        .get::<RequestId>()
-        .map(|r| r.0.clone())
-        .unwrap_or_default();
-    let error = api_error(
-        refusal.status(),
-        ErrorKind::InvalidRequest,
-        refusal.message(),
-    );
-    let mut resp = dialect_error(&app, &path, req.headers(), &id, error);
+    let mut resp = refuse(&app, &req, &path, refusal.status(), refusal.message());
     if refusal == Refusal::Unauthorized {
         resp.headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     }
     resp
+}
+
+/// A refusal of `req` with `status` and `message`, in the dialect of the
+/// adapter serving `path` (or Anthropic's for `anthropic-version` clients).
+fn refuse(app: &AppState, req: &Request, path: &str, status: u16, message: String) -> Response {
+    let id = req
+        .extensions()
+        .get::<RequestId>()
+        .map(|r| r.0.clone())
+        .unwrap_or_default();
+    let error = api_error(status, ErrorKind::InvalidRequest, message);
+    dialect_error(app, path, req.headers(), &id, error)
 }
 
 /// The CORS layer for `--allowed-origins` (tower-http: preflights answered
