@@ -8,7 +8,10 @@ cd "$(dirname "$0")/.."
 echo "run: installing what is missing (scripts/setup.sh)" >&2
 ./scripts/setup.sh >/dev/null
 echo "run: building mlxhost (release; the first build takes 10-20 minutes on 2 cores)" >&2
-cargo build --release -p mlxhost
+# On an NVIDIA machine the binary loads MLX's CUDA build (host/build.rs) and links no CPU BLAS.
+features=()
+[ "$(./scripts/mlx-backend.sh)" = cuda ] && features=(--no-default-features)
+cargo build --release -p mlxhost "${features[@]}"
 echo "run: building the plugins in plugins/ (scripts/build-plugins.sh)" >&2
 ./scripts/build-plugins.sh
 # `--model NAME` with a known model's short name (`mlxhost models`): install it first.

@@ -6,6 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh >/dev/null
+BACKEND=$(./scripts/mlx-backend.sh)
+# The suite below checks the CPU path (what CI runs); on an NVIDIA machine the GPU test runs after
+# it (tests/gpu/run.sh) with the release binary, which loads MLX's CUDA build.
+export MLX_BACKEND=cpu
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
@@ -28,4 +32,9 @@ PYTHON=$(./scripts/python-test-env.sh)
 status=0
 cargo nextest run --workspace --no-fail-fast || status=$?
 (cd tests/python && MLXHOST_BIN="$PWD/../../target/debug/mlxhost" "$PYTHON" -m pytest -q -p no:cacheprovider) || status=$?
+if [ "$BACKEND" = cuda ]; then
+  unset MLX_BACKEND
+  cargo build --release -q -p mlxhost --no-default-features
+  tests/gpu/run.sh || status=$?
+fi
 exit $status

@@ -21,6 +21,7 @@ pub mod request;
 pub mod scheduler;
 pub mod sequence;
 mod step;
+mod warmup;
 pub mod worker;
 
 pub use crate::plugin::session::TokenChain;

@@ -289,7 +289,13 @@ impl Engine {
                 tracing::info!("no memory budget: requests are admitted without a memory check")
             }
         }
-        if let Err(e) = warm_up(&model, &plugins.current(), warmup_sampler, &mut scheduler) {
+        if let Err(e) = super::warmup::warm_up(
+            &model,
+            &plugins.current(),
+            warmup_sampler,
+            &mut scheduler,
+            super::warmup::full_warm_up(),
+        ) {
             let _ = ready.send(Err(format!("warm-up generation failed: {e}")));
             return None;
         }
@@ -585,61 +591,4 @@ fn open_ssd(model: &LoadedModel, cfg: &SsdConfig) -> Result<SsdCache, String> {
         "SSD cache opened"
     );
     Ok(ssd)
-}
-
-/// Runs two short requests of different lengths through the scheduler
-/// (template, prefill, a batched decode step, the plugin chain), so the
-/// first request does not pay one-time costs and a broken default sampler
-/// is found before the server reports ready.
-fn warm_up(
-    model: &LoadedModel,
-    plugins: &Arc<PluginHost>,
-    sampler: &str,
-    scheduler: &mut Scheduler<'static>,
-) -> Result<(), String> {
-    let results: Rc<RefCell<Vec<Result<GenerateSummary, GenerateError>>>> = Rc::default();
-    for text in ["Hello", "Hello, how are you today?"] {
-        let prompt_ids = model.tokenizer.encode(text).map_err(|e| e.to_string())?;
-        scheduler.submit(Pending {
-            request: GenerateRequest {
-                prompt_ids,
-                max_tokens: 2,
-                stop: Vec::new(),
-                keep_special: false,
-                forced_choices: Vec::new(),
-                params: crate::plugin::SamplingParams {
-                    temperature: 0.0,
-                    ..Default::default()
-                },
-                sampler: sampler.into(),
-                processors: Vec::new(),
-                plugin_params: serde_json::json!({}),
-                top_logprobs: 0,
-            },
-            chain: ChainSource::Plugins(plugins.clone()),
-            sink: Box::new(WarmSink(results.clone())),
-        });
-    }
-    while !scheduler.is_idle() {
-        scheduler.step(model, None);
-    }
-    scheduler.reset_stats();
-    let results = std::mem::take(&mut *results.borrow_mut());
-    for r in results {
-        r.map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
-
-/// Collects warm-up results.
-struct WarmSink(Rc<RefCell<Vec<Result<GenerateSummary, GenerateError>>>>);
-
-impl SequenceSink for WarmSink {
-    fn event(&mut self, _: GenerateEvent) {}
-    fn cancelled(&self) -> bool {
-        false
-    }
-    fn finished(&mut self, result: Result<GenerateSummary, GenerateError>) {
-        self.0.borrow_mut().push(result);
-    }
 }
