@@ -105,6 +105,7 @@ fn main() {
         .std("c++20")
         .file(native.join("decode_attention.cpp"))
         .file(native.join("quantized_matmul.cpp"))
+        .file(native.join("packed_matmul.cpp"))
         .file(native.join("decode_layer.cpp"))
         .include(&mlx_c_root)
         .include(mlx_dir.join("include"))

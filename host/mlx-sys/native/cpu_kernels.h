@@ -2,6 +2,7 @@
 // defines them; decode_layer.cpp uses them).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 
@@ -27,5 +28,59 @@ void parallel_for(int n, const std::function<void(int)>& fn);
 
 // Threads of the pool (the caller included).
 int threads();
+
+// Runs body(a, b) over [0, n) split into ranges of at least `min` items on
+// the pool.
+void parallel_for_range(int n, int min, const std::function<void(int, int)>& body);
+
+// ---------------------------------------------------------------------------
+// The packed layout for integer dot products (packed_matmul.cpp): tiles of
+// 16 output rows side by side.
+struct PackedProblem {
+  const float* x; // [M, K]
+  const uint8_t* packed; // `pack`'s output
+  float* y; // [M, N]
+  int M, N, K, bits, group;
+  bool f16_scales;
+};
+
+// `compute_packed`'s variants: int16-rounded x with AVX-512 VNNI where the
+// CPU has it (else the portable loop), the portable loop (tests).
+constexpr int kPackedSimd = 0;
+constexpr int kPackedPortable = 1;
+
+// Whether this CPU runs the packed layout's SIMD kernel (AVX-512 F/BW/VNNI).
+bool packed_available();
+
+// Bytes of a packed [N, K] weight.
+size_t packed_bytes(int N, int K, int bits, int group, bool f16);
+
+// Whether every scale and bias is a finite float exactly representable as
+// float16 (the packed layout then stores them as float16, losslessly).
+bool scales_fit_f16(const float* scales, const float* biases, size_t count);
+
+// MLX's affine layout (w [N, K * bits / 8] bytes, scales/biases
+// [N, K / group] float32) -> the packed layout (`packed_bytes` bytes).
+void pack(
+    const uint8_t* w,
+    const float* scales,
+    const float* biases,
+    int N,
+    int K,
+    int bits,
+    int group,
+    bool f16,
+    uint8_t* out);
+
+// Weight rows [n0, n1) of a packed weight dequantized into out
+// ([n1 - n0, K] float32).
+void dequant_packed_rows(const PackedProblem& p, int n0, int n1, float* out);
+
+// Decode-sized product (any M; meant for M <= 16) on the pool.
+void compute_packed_tiles(const PackedProblem& p, int variant);
+
+// Any M: decode-sized products through `compute_packed_tiles`, larger ones
+// (prefill) through dequantized tiles and BLAS (exact in float32).
+void compute_packed(const PackedProblem& p, int variant);
 
 } // namespace mlxhost_cpu

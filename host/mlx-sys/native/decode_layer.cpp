@@ -27,7 +27,9 @@
 //
 // Inputs:  h [R, E] float32; input_norm, post_norm [E] float32; then for
 //          qkv, o, gate_up, down: w [N, K * bits / 32] uint32, scales and
-//          biases [N, K / group] float32; then the q/k/v bias [q + 2 kv]
+//          biases [N, K / group] float32 (or the packed layout of
+//          packed_matmul.cpp and two unused placeholders: the int16-VNNI
+//          kernel); then the q/k/v bias [q + 2 kv]
 //          float32; then K_0, V_0, ..., K_{R-1},
 //          V_{R-1}: [1, H_kv, cap_r, D] float32 (row-contiguous, cap_r > pos_r).
 // Outputs: h' [R, E] float32, then K'_0, V'_0, ...: the cache buffers.
@@ -54,10 +56,14 @@ namespace mx = mlx::core;
 namespace {
 
 struct Shape {
-  int heads, kv_heads, head_dim;
+  int heads, kv_heads, head_dim, inter;
   float eps, rope_theta;
   int variant[4]; // per product: qkv, o, gate_up, down
   int bits[4], group[4];
+  // Per product: the weight is in the packed layout (packed_matmul.cpp;
+  // its scales and biases inputs are then unused placeholders), and that
+  // layout's scales are float16.
+  bool packed[4], f16[4];
 };
 
 void rms_norm(const float* x, const float* w, float eps, int n, float* out) {
@@ -99,14 +105,31 @@ inline float dot(const float* a, const float* b, int n) {
   return s;
 }
 
-mlxhost_cpu::Problem problem(
+// y [M, N] = x [M, K] @ W^T for product `l` (weights at inputs first..first+2).
+void product(
     const std::vector<mx::array>& in,
     int first,
     const float* x,
     float* y,
     int M,
-    int bits,
-    int group) {
+    const Shape& sh,
+    int l,
+    int N,
+    int K) {
+  if (sh.packed[l]) {
+    mlxhost_cpu::PackedProblem p;
+    p.x = x;
+    p.packed = in[first].data<uint8_t>();
+    p.y = y;
+    p.M = M;
+    p.N = N;
+    p.K = K;
+    p.bits = sh.bits[l];
+    p.group = sh.group[l];
+    p.f16_scales = sh.f16[l];
+    mlxhost_cpu::compute_packed(p, mlxhost_cpu::kPackedSimd);
+    return;
+  }
   mlxhost_cpu::Problem p;
   p.x = x;
   p.w = reinterpret_cast<const uint8_t*>(in[first].data<uint32_t>());
@@ -114,11 +137,11 @@ mlxhost_cpu::Problem problem(
   p.biases = in[first + 2].data<float>();
   p.y = y;
   p.M = M;
-  p.N = in[first].shape(0);
-  p.K = int(int64_t(in[first].shape(1)) * 32 / bits);
-  p.bits = bits;
-  p.group = group;
-  return p;
+  p.N = N;
+  p.K = K;
+  p.bits = sh.bits[l];
+  p.group = sh.group[l];
+  mlxhost_cpu::compute(p, sh.variant[l]);
 }
 
 void run(
@@ -128,8 +151,8 @@ void run(
     const Shape& sh) {
   const int R = in[0].shape(0), E = in[0].shape(1);
   const int H = sh.heads, Hkv = sh.kv_heads, D = sh.head_dim;
-  const int qkv_n = in[3].shape(0);
-  const int inter = in[9].shape(0) / 2;
+  const int qkv_n = (H + 2 * Hkv) * D;
+  const int inter = sh.inter;
   const float* h = in[0].data<float>();
   float* h_out = out[0].data<float>();
   std::vector<float> x(size_t(R) * E), qkv(size_t(R) * qkv_n), attn(size_t(R) * H * D);
@@ -140,7 +163,7 @@ void run(
 
   for (int r = 0; r < R; r++)
     rms_norm(h + size_t(r) * E, in[1].data<float>(), sh.eps, E, x.data() + size_t(r) * E);
-  mlxhost_cpu::compute(problem(in, 3, x.data(), qkv.data(), R, sh.bits[0], sh.group[0]), sh.variant[0]);
+  product(in, 3, x.data(), qkv.data(), R, sh, 0, qkv_n, E);
   const float* qkv_bias = in[15].data<float>();
   for (int r = 0; r < R; r++)
     for (int j = 0; j < qkv_n; j++)
@@ -189,12 +212,12 @@ void run(
     }
   });
 
-  mlxhost_cpu::compute(problem(in, 6, attn.data(), proj.data(), R, sh.bits[1], sh.group[1]), sh.variant[1]);
+  product(in, 6, attn.data(), proj.data(), R, sh, 1, E, H * D);
   for (size_t i = 0; i < size_t(R) * E; i++)
     h_out[i] = h[i] + proj[i];
   for (int r = 0; r < R; r++)
     rms_norm(h_out + size_t(r) * E, in[2].data<float>(), sh.eps, E, x.data() + size_t(r) * E);
-  mlxhost_cpu::compute(problem(in, 9, x.data(), gu.data(), R, sh.bits[2], sh.group[2]), sh.variant[2]);
+  product(in, 9, x.data(), gu.data(), R, sh, 2, 2 * inter, E);
   for (int r = 0; r < R; r++) {
     const float* gate = gu.data() + size_t(r) * 2 * inter;
     const float* up = gate + inter;
@@ -202,7 +225,7 @@ void run(
     for (int i = 0; i < inter; i++)
       a[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
   }
-  mlxhost_cpu::compute(problem(in, 12, act.data(), proj.data(), R, sh.bits[3], sh.group[3]), sh.variant[3]);
+  product(in, 12, act.data(), proj.data(), R, sh, 3, E, inter);
   for (size_t i = 0; i < size_t(R) * E; i++)
     h_out[i] += proj[i];
 }
@@ -251,10 +274,14 @@ void require(bool ok, const char* what) {
 } // namespace
 
 // Builds the op (lazily). `weights`: 15 arrays (input_norm, post_norm, then
-// w/scales/biases of qkv, o, gate_up, down, then the q/k/v bias); `bits`, `groups`: 4 each (qkv,
-// o, gate_up, down). `h_out` gets [R, E]; `new_keys[r]` / `new_values[r]`
-// get row r's cache buffers after the write. Returns 0, or 1 with the error
-// reported through mlx-c's error handler.
+// w/scales/biases of qkv, o, gate_up, down, then the q/k/v bias); `bits`,
+// `groups`, `packed`, `f16`: 4 each (qkv, o, gate_up, down). A packed
+// product's weight is `mlxhost_pack_quantized`'s array (its scales and
+// biases slots are unused placeholders) and `f16` says whether that layout
+// holds float16 scales. `intermediate`: the MLP width. `h_out` gets [R, E];
+// `new_keys[r]` / `new_values[r]` get row r's cache buffers after the
+// write. Returns 0, or 1 with the error reported through mlx-c's error
+// handler.
 extern "C" int mlxhost_decode_layer(
     mlx_array* h_out,
     mlx_array* new_keys,
@@ -263,6 +290,8 @@ extern "C" int mlxhost_decode_layer(
     const mlx_array* weights,
     const int* bits,
     const int* groups,
+    const int* packed,
+    const int* f16,
     const mlx_array* keys,
     const mlx_array* values,
     const int* positions,
@@ -270,6 +299,7 @@ extern "C" int mlxhost_decode_layer(
     int heads,
     int kv_heads,
     int head_dim,
+    int intermediate,
     float eps,
     float rope_theta,
     int variant) {
@@ -277,10 +307,11 @@ extern "C" int mlxhost_decode_layer(
     const auto& ha = mlx_array_get_(h);
     require(ha.ndim() == 2 && ha.shape(0) == rows && ha.dtype() == mx::float32,
             "decode layer: h must be [R, E] float32");
-    require(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim % 2 == 0,
+    require(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim % 2 == 0 &&
+                intermediate > 0,
             "decode layer: heads must be a multiple of kv_heads, head_dim even");
     const int E = ha.shape(1);
-    Shape sh{heads, kv_heads, head_dim, eps, rope_theta, {}, {}, {}};
+    Shape sh{heads, kv_heads, head_dim, intermediate, eps, rope_theta, {}, {}, {}, {}, {}};
     for (int l = 0; l < 4; l++)
       sh.variant[l] = variant;
     std::vector<mx::array> inputs = {ha};
@@ -288,12 +319,11 @@ extern "C" int mlxhost_decode_layer(
       inputs.push_back(mlx_array_get_(weights[i]));
     require(inputs[1].size() == size_t(E) && inputs[2].size() == size_t(E),
             "decode layer: norms must be [E]");
-    // (first input, expected input width, expected output rows or 0)
+    // (first input, expected input width, expected output rows)
     const int kv_width = kv_heads * head_dim, q_width = heads * head_dim;
-    const int inter2 = inputs[9].shape(0);
     const int firsts[4] = {3, 6, 9, 12};
-    const int in_widths[4] = {E, q_width, E, inter2 / 2};
-    const int out_rows[4] = {q_width + 2 * kv_width, E, inter2, E};
+    const int in_widths[4] = {E, q_width, E, intermediate};
+    const int out_rows[4] = {q_width + 2 * kv_width, E, 2 * intermediate, E};
     for (int l = 0; l < 4; l++) {
       const auto& w = inputs[firsts[l]];
       const auto& s = inputs[firsts[l] + 1];
@@ -301,6 +331,20 @@ extern "C" int mlxhost_decode_layer(
       require(bits[l] == 4 || bits[l] == 8, "decode layer: bits must be 4 or 8");
       require(groups[l] > 0 && groups[l] % 32 == 0 && in_widths[l] % groups[l] == 0,
               "decode layer: group sizes must be multiples of 32 dividing the width");
+      sh.bits[l] = bits[l];
+      sh.group[l] = groups[l];
+      sh.packed[l] = packed[l] != 0;
+      sh.f16[l] = f16[l] != 0;
+      if (sh.packed[l]) {
+        require(groups[l] <= 128, "decode layer: packed groups are 32, 64 or 128");
+        const size_t bytes =
+            mlxhost_cpu::packed_bytes(out_rows[l], in_widths[l], bits[l], groups[l], sh.f16[l]);
+        require(w.ndim() == 2 && w.dtype() == mx::uint8 &&
+                    w.shape(0) == (out_rows[l] + 15) / 16 &&
+                    size_t(w.shape(0)) * size_t(w.shape(1)) == bytes,
+                "decode layer: a packed weight does not fit the layer's shape");
+        continue;
+      }
       require(w.ndim() == 2 && w.dtype() == mx::uint32 && w.shape(0) == out_rows[l] &&
                   int64_t(w.shape(1)) * 32 == int64_t(in_widths[l]) * bits[l],
               "decode layer: a weight does not fit the layer's shape");
@@ -308,8 +352,6 @@ extern "C" int mlxhost_decode_layer(
                   b.ndim() == 2 && s.shape(0) == out_rows[l] && b.shape(0) == out_rows[l] &&
                   s.shape(1) == in_widths[l] / groups[l] && b.shape(1) == s.shape(1),
               "decode layer: scales/biases do not fit their weight");
-      sh.bits[l] = bits[l];
-      sh.group[l] = groups[l];
     }
     require(inputs[15].dtype() == mx::float32 && inputs[15].ndim() == 1 &&
                 inputs[15].shape(0) == out_rows[0],

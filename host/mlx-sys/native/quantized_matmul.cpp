@@ -699,6 +699,57 @@ void parallel_rows(
   }, spin_after);
 }
 
+// Prefill-sized `y [M, N] = x [M, K] @ W^T`: tiles of W rows of up to
+// `MLXHOST_PREFILL_TILE_MIB` (default 8) MiB as float32, dequantized by the
+// pool (`dequant(n0, n1, out)` writes rows [n0, n1) of W), multiplied by
+// BLAS. Large tiles: each tile costs a pool wake-up and a BLAS call on fewer
+// columns; 1 MiB tiles made SmolLM2's prefill ~18% slower than the float32
+// path.
+void prefill_blas(
+    const float* x,
+    float* y,
+    int M,
+    int N,
+    int K,
+    const std::function<void(int, int, float*)>& dequant) {
+  static const size_t tile_bytes = [] {
+    const char* env = std::getenv("MLXHOST_PREFILL_TILE_MIB");
+    const int mib = env ? std::max(1, std::atoi(env)) : 8;
+    return size_t(mib) << 20;
+  }();
+  const int tile = std::max(16, int(tile_bytes / (sizeof(float) * size_t(K))));
+  // Kept between calls (per thread): a fresh multi-MiB buffer per product
+  // pays its page faults again every time.
+  static thread_local std::vector<float> buf;
+  if (buf.size() < size_t(std::min(tile, N)) * K)
+    buf.resize(size_t(std::min(tile, N)) * K);
+  // The pool's workers see their own `buf`: hand them this thread's storage.
+  float* const tile_buf = buf.data();
+  for (int t0 = 0; t0 < N; t0 += tile) {
+    const int t1 = std::min(N, t0 + tile);
+    parallel_rows(
+        t1 - t0,
+        4,
+        [&](int a, int b) { dequant(t0 + a, t0 + b, tile_buf + size_t(a) * K); },
+        false);
+    cblas_sgemm(
+        kCblasRowMajor,
+        kCblasNoTrans,
+        kCblasTrans,
+        M,
+        t1 - t0,
+        K,
+        1.0f,
+        x,
+        K,
+        tile_buf,
+        K,
+        0.0f,
+        y + t0,
+        N);
+  }
+}
+
 void compute(const Problem& p, int variant) {
   if (p.M <= kMaxKernelRows) {
     QuantX qx;
@@ -723,50 +774,27 @@ void compute(const Problem& p, int variant) {
     });
     return;
   }
-  // Prefill: tiles of W rows of up to `MLXHOST_PREFILL_TILE_MIB` (default 8)
-  // MiB as float32, dequantized by the pool, multiplied by BLAS. Large tiles:
-  // each tile costs a pool wake-up and a BLAS call on fewer columns; 1 MiB
-  // tiles made SmolLM2's prefill ~18% slower than the float32 path.
-  static const size_t tile_bytes = [] {
-    const char* env = std::getenv("MLXHOST_PREFILL_TILE_MIB");
-    const int mib = env ? std::max(1, std::atoi(env)) : 8;
-    return size_t(mib) << 20;
-  }();
-  const int tile = std::max(16, int(tile_bytes / (sizeof(float) * size_t(p.K))));
-  // Kept between calls (per thread): a fresh multi-MiB buffer per product
-  // pays its page faults again every time.
-  static thread_local std::vector<float> buf;
-  if (buf.size() < size_t(std::min(tile, p.N)) * p.K)
-    buf.resize(size_t(std::min(tile, p.N)) * p.K);
-  // The pool's workers see their own `buf`: hand them this thread's storage.
-  float* const tile_buf = buf.data();
-  for (int t0 = 0; t0 < p.N; t0 += tile) {
-    const int t1 = std::min(p.N, t0 + tile);
-    parallel_rows(
-        t1 - t0,
-        4,
-        [&](int a, int b) { dequant_rows(p, t0 + a, t0 + b, tile_buf + size_t(a) * p.K); },
-        false);
-    cblas_sgemm(
-        kCblasRowMajor,
-        kCblasNoTrans,
-        kCblasTrans,
-        p.M,
-        t1 - t0,
-        p.K,
-        1.0f,
-        p.x,
-        p.K,
-        tile_buf,
-        p.K,
-        0.0f,
-        p.y + t0,
-        p.N);
-  }
+  prefill_blas(p.x, p.y, p.M, p.N, p.K, [&](int n0, int n1, float* out) {
+    dequant_rows(p, n0, n1, out);
+  });
 }
 
 void parallel_for(int n, const std::function<void(int)>& fn) {
   Pool::get().run(n, fn);
+}
+
+void parallel_for_range(int n, int min, const std::function<void(int, int)>& body) {
+  parallel_rows(n, min, body);
+}
+
+void compute_packed(const PackedProblem& p, int variant) {
+  if (p.M <= kMaxKernelRows) {
+    compute_packed_tiles(p, variant);
+    return;
+  }
+  prefill_blas(p.x, p.y, p.M, p.N, p.K, [&](int n0, int n1, float* out) {
+    dequant_packed_rows(p, n0, n1, out);
+  });
 }
 
 int threads() {
@@ -880,6 +908,187 @@ extern "C" int mlxhost_quantized_matmul(
     auto shape = xa.shape();
     shape.back() = N;
     auto prim = std::make_shared<CpuQuantizedMatmul>(stream, bits, group, variant);
+    mlx_array_set_(*out, mx::array(std::move(shape), mx::float32, prim, std::move(inputs)));
+  } catch (std::exception& e) {
+    mlx_error(e.what());
+    return 1;
+  }
+  return 0;
+}
+
+namespace {
+
+using mlxhost_cpu::PackedProblem;
+
+// `y = x @ W^T` from a packed weight (packed_matmul.cpp's layout).
+class CpuPackedMatmul : public mx::Primitive {
+ public:
+  CpuPackedMatmul(mx::Stream s, int n, int bits, int group, bool f16, int variant)
+      : mx::Primitive(s), n_(n), bits_(bits), group_(group), f16_(f16), variant_(variant) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (const auto& a : inputs) {
+      if (!a.flags().row_contiguous)
+        throw std::runtime_error("packed matmul: an input is not row-contiguous");
+    }
+    auto& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs)
+      enc.set_input_array(a);
+    enc.set_output_array(out);
+    enc.dispatch([inputs, out, n = n_, bits = bits_, group = group_, f16 = f16_,
+                  variant = variant_]() mutable {
+      const auto& x = inputs[0];
+      PackedProblem p;
+      p.x = x.data<float>();
+      p.packed = inputs[1].data<uint8_t>();
+      p.y = out.data<float>();
+      p.K = x.shape(-1);
+      p.M = int(x.size() / std::max<size_t>(1, size_t(p.K)));
+      p.N = n;
+      p.bits = bits;
+      p.group = group;
+      p.f16_scales = f16;
+      mlxhost_cpu::compute_packed(p, variant);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mlxhost CpuPackedMatmul has no GPU implementation");
+  }
+
+  const char* name() const override {
+    return "MlxhostCpuPackedMatmul";
+  }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const CpuPackedMatmul&>(other);
+    return n_ == o.n_ && bits_ == o.bits_ && group_ == o.group_ && f16_ == o.f16_ &&
+        variant_ == o.variant_;
+  }
+
+ private:
+  int n_, bits_, group_;
+  bool f16_;
+  int variant_;
+};
+
+} // namespace
+
+// Whether this CPU runs the packed layout's SIMD kernel (AVX-512 VNNI).
+extern "C" int mlxhost_packed_available() {
+  return mlxhost_cpu::packed_available() ? 1 : 0;
+}
+
+// Repacks an MLX affine weight (w [N, K * bits / 32] uint32, scales and
+// biases [N, K / group] float32; bits 4 or 8, group 32, 64 or 128) into the
+// packed layout, eagerly (load time): `out` gets [ceil(N / 16), bytes per
+// tile] uint8, `f16` whether scales and biases were stored as float16 (only
+// when that is lossless). Returns 0, or 1 with the error reported through
+// mlx-c's error handler.
+extern "C" int mlxhost_pack_quantized(
+    mlx_array* out,
+    int* f16,
+    const mlx_array w,
+    const mlx_array scales,
+    const mlx_array biases,
+    int bits,
+    int group) {
+  try {
+    auto wa = mlx_array_get_(w);
+    auto sa = mlx_array_get_(scales);
+    auto ba = mlx_array_get_(biases);
+    if (bits != 4 && bits != 8)
+      throw std::invalid_argument("pack: bits must be 4 or 8");
+    // Integer group sums stay below 2^31 up to 128 elements (8-bit codes
+    // times int16 activations).
+    if (group != 32 && group != 64 && group != 128)
+      throw std::invalid_argument("pack: the group size must be 32, 64 or 128");
+    if (wa.ndim() != 2 || sa.ndim() != 2 || ba.ndim() != 2 || wa.dtype() != mx::uint32 ||
+        sa.dtype() != mx::float32 || ba.dtype() != mx::float32)
+      throw std::invalid_argument("pack: w must be 2-d uint32, scales and biases 2-d float32");
+    const int N = wa.shape(0);
+    const int K = int(int64_t(wa.shape(1)) * 32 / bits);
+    if (K % group != 0 || sa.shape(0) != N || ba.shape(0) != N || sa.shape(1) != K / group ||
+        ba.shape(1) != K / group)
+      throw std::invalid_argument("pack: scales or biases do not fit the weight");
+    auto cpu = mx::default_stream(mx::Device::cpu);
+    wa = mx::contiguous(wa, false, cpu);
+    sa = mx::contiguous(sa, false, cpu);
+    ba = mx::contiguous(ba, false, cpu);
+    mx::eval({wa, sa, ba});
+    const bool half = mlxhost_cpu::scales_fit_f16(
+        sa.data<float>(), ba.data<float>(), size_t(N) * (K / group));
+    const size_t bytes = mlxhost_cpu::packed_bytes(N, K, bits, group, half);
+    const int tiles = (N + 15) / 16;
+    auto buf = mx::allocator::malloc(bytes);
+    uint8_t* dst = static_cast<uint8_t*>(buf.raw_ptr());
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(wa.data<uint32_t>());
+    const float* sp = sa.data<float>();
+    const float* bp = ba.data<float>();
+    const size_t tile_bytes = bytes / size_t(tiles);
+    // Tiles are independent: pack them on the pool (16 rows of input each).
+    mlxhost_cpu::parallel_for_range(tiles, 8, [&](int t0, int t1) {
+      const int n0 = t0 * 16, n1 = std::min(N, t1 * 16);
+      mlxhost_cpu::pack(
+          src + size_t(n0) * K * bits / 8,
+          sp + size_t(n0) * (K / group),
+          bp + size_t(n0) * (K / group),
+          n1 - n0,
+          K,
+          bits,
+          group,
+          half,
+          dst + size_t(t0) * tile_bytes);
+    });
+    *f16 = half ? 1 : 0;
+    mlx_array_set_(
+        *out,
+        mx::array(
+            buf,
+            mx::Shape{tiles, int(tile_bytes)},
+            mx::uint8,
+            mx::allocator::free));
+  } catch (std::exception& e) {
+    mlx_error(e.what());
+    return 1;
+  }
+  return 0;
+}
+
+// Builds `y = x @ W^T` lazily from a packed weight (`mlxhost_pack_quantized`).
+// x: [..., K] float32; `out` gets [..., n] float32. `variant`: 0 the SIMD
+// kernel where the CPU has it, 1 the portable loop (tests). Returns 0, or 1
+// with the error reported through mlx-c's error handler.
+extern "C" int mlxhost_packed_matmul(
+    mlx_array* out,
+    const mlx_array x,
+    const mlx_array packed,
+    int n,
+    int bits,
+    int group,
+    int f16,
+    int variant) {
+  try {
+    const auto& xa = mlx_array_get_(x);
+    const auto& pa = mlx_array_get_(packed);
+    if (xa.ndim() < 1 || xa.dtype() != mx::float32)
+      throw std::invalid_argument("packed matmul: x must be [..., K] float32");
+    const int K = xa.shape(-1);
+    if ((bits != 4 && bits != 8) || (group != 32 && group != 64 && group != 128) ||
+        K % group != 0 || n <= 0)
+      throw std::invalid_argument("packed matmul: unsupported bits, group or width");
+    const size_t bytes = mlxhost_cpu::packed_bytes(n, K, bits, group, f16 != 0);
+    if (pa.dtype() != mx::uint8 || pa.ndim() != 2 || pa.shape(0) != (n + 15) / 16 ||
+        size_t(pa.shape(0)) * size_t(pa.shape(1)) != bytes)
+      throw std::invalid_argument("packed matmul: the packed weight does not fit x's width");
+    auto stream = mx::default_stream(mx::Device::cpu);
+    std::vector<mx::array> inputs = {
+        mx::contiguous(xa, false, stream), mx::contiguous(pa, false, stream)};
+    auto shape = xa.shape();
+    shape.back() = n;
+    auto prim = std::make_shared<CpuPackedMatmul>(stream, n, bits, group, f16 != 0, variant);
     mlx_array_set_(*out, mx::array(std::move(shape), mx::float32, prim, std::move(inputs)));
   } catch (std::exception& e) {
     mlx_error(e.what());

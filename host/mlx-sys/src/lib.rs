@@ -72,13 +72,49 @@ extern "C" {
     /// Rows above which the quantized matmul goes through BLAS tiles.
     pub fn mlxhost_quantized_matmul_max_rows() -> ::std::os::raw::c_int;
 
+    /// 1 when the CPU runs the packed layout's SIMD kernel (AVX-512 VNNI).
+    pub fn mlxhost_packed_available() -> ::std::os::raw::c_int;
+
+    /// Repacks an MLX affine weight (w `[N, K*bits/32]` uint32, scales and
+    /// biases `[N, K/group]` float32) into the packed layout of
+    /// `native/packed_matmul.cpp`, eagerly; `f16` gets 1 when scales and
+    /// biases were stored as float16 (lossless only). Returns 0, or 1 after
+    /// reporting through mlx-c's error handler.
+    pub fn mlxhost_pack_quantized(
+        out: *mut mlx_array,
+        f16: *mut ::std::os::raw::c_int,
+        w: mlx_array,
+        scales: mlx_array,
+        biases: mlx_array,
+        bits: ::std::os::raw::c_int,
+        group: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int;
+
+    /// Builds `out = x @ W^T` lazily from a packed weight of `n` rows
+    /// (x `[..., K]` float32). `variant`: 0 SIMD where available, 1
+    /// portable. Returns 0, or 1 after reporting through mlx-c's error
+    /// handler.
+    pub fn mlxhost_packed_matmul(
+        out: *mut mlx_array,
+        x: mlx_array,
+        packed: mlx_array,
+        n: ::std::os::raw::c_int,
+        bits: ::std::os::raw::c_int,
+        group: ::std::os::raw::c_int,
+        f16: ::std::os::raw::c_int,
+        variant: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int;
+
     /// mlxhost's fused decoder layer for decoding rows
     /// (`native/decode_layer.cpp`, CPU only): builds one lazy MLX op running
     /// a whole Llama-family layer for `rows` rows of one token each, from
     /// quantized weights, writing each row's new key/value **in place** at
     /// `positions[r]`. `weights`: 14 arrays (input norm, post-attention norm,
-    /// then weight/scales/biases of qkv, o, gate_up, down); `bits`/`groups`:
-    /// 4 each. Returns 0, or 1 after reporting through mlx-c's error handler.
+    /// then weight/scales/biases of qkv, o, gate_up, down, then the q/k/v
+    /// bias); `bits`/`groups`/`packed`/`f16`: 4 each (a packed product's
+    /// weight is `mlxhost_pack_quantized`'s array, its scales/biases slots
+    /// placeholders). Returns 0, or 1 after reporting through mlx-c's error
+    /// handler.
     pub fn mlxhost_decode_layer(
         h_out: *mut mlx_array,
         new_keys: *mut mlx_array,
@@ -87,6 +123,8 @@ extern "C" {
         weights: *const mlx_array,
         bits: *const ::std::os::raw::c_int,
         groups: *const ::std::os::raw::c_int,
+        packed: *const ::std::os::raw::c_int,
+        f16: *const ::std::os::raw::c_int,
         keys: *const mlx_array,
         values: *const mlx_array,
         positions: *const ::std::os::raw::c_int,
@@ -94,6 +132,7 @@ extern "C" {
         heads: ::std::os::raw::c_int,
         kv_heads: ::std::os::raw::c_int,
         head_dim: ::std::os::raw::c_int,
+        intermediate: ::std::os::raw::c_int,
         eps: f32,
         rope_theta: f32,
         variant: ::std::os::raw::c_int,

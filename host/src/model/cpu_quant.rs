@@ -39,6 +39,138 @@ pub fn supports(spec: QuantSpec) -> bool {
     matches!(spec.bits, 4 | 8) && spec.group_size > 0 && spec.group_size % 32 == 0
 }
 
+/// Whether this CPU runs the packed layout's SIMD kernel (AVX-512 F/BW/VNNI).
+pub fn packed_available() -> bool {
+    // SAFETY: a plain query.
+    unsafe { mlx_sys::mlxhost_packed_available() != 0 }
+}
+
+/// Whether the quantized CPU path repacks linears for [`packed_matmul`]:
+/// our op is on, the CPU has AVX-512 VNNI, and `MLXHOST_QUANTIZED_LAYOUT`
+/// is not `mlx` (a benchmarking switch back to MLX's layout and the float
+/// kernels).
+pub fn packing_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        enabled()
+            && packed_available()
+            && std::env::var("MLXHOST_QUANTIZED_LAYOUT").as_deref() != Ok("mlx")
+    })
+}
+
+/// Whether the packed layout holds this quantization: 4 or 8 bits, groups
+/// of 32, 64 or 128 (integer group sums stay below 2^31).
+pub fn supports_packed(spec: QuantSpec) -> bool {
+    matches!(spec.bits, 4 | 8) && matches!(spec.group_size, 32 | 64 | 128)
+}
+
+/// A linear's weight repacked for [`packed_matmul`] (16 output rows side by
+/// side; `native/packed_matmul.cpp`), evaluated now: `weight [N, K * bits /
+/// 32]` uint32, `scales`/`biases [N, K / group]` float32. Returns the packed
+/// `[ceil(N / 16), bytes per tile]` uint8 array and whether it stores scales
+/// and biases as float16 (only when every one is exactly a float16).
+///
+/// Errors: an unsupported `spec` ([`supports_packed`]) or shapes that do not
+/// fit.
+pub fn pack(
+    weight: &Array,
+    scales: &Array,
+    biases: &Array,
+    spec: QuantSpec,
+) -> Result<(Array, bool)> {
+    let mut f16 = 0;
+    // SAFETY: as in `quantized_matmul`; `f16` outlives the call.
+    let (status, out) = unsafe {
+        let mut out = mlx_sys::mlx_array_new();
+        let status = mlx_sys::mlxhost_pack_quantized(
+            &mut out,
+            &mut f16,
+            weight.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+            spec.bits,
+            spec.group_size,
+        );
+        (status, Array::from_ptr(out))
+    };
+    if status != 0 {
+        return Err(Exception::custom(format!(
+            "pack: weight {:?}, scales {:?} ({:?}), {} bits, group {} do not fit the packed layout",
+            weight.shape(),
+            scales.shape(),
+            scales.dtype(),
+            spec.bits,
+            spec.group_size
+        ))
+        .into());
+    }
+    Ok((out, f16 != 0))
+}
+
+/// Which code computes a packed product's decode-sized rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackedKernel {
+    /// x rounded to int16 per weight group, `vpdpwssd` (AVX-512 VNNI) where
+    /// the CPU has it, else the portable loop.
+    Simd,
+    /// The same arithmetic in portable C++ (tests).
+    Portable,
+}
+
+/// `y = x @ W^T` from a packed weight ([`pack`]) of `n` output rows: `x
+/// [..., K]` float32 -> `[..., n]` float32 (lazy). Up to
+/// [`max_kernel_rows`] rows, x is rounded to int16 per weight group (`d =
+/// max|x| / 32767`; the bias term uses x's float sums), so the result
+/// equals the float product up to |x| / 65534 per element; more rows
+/// (prefill) dequantize tiles into BLAS, exact in float32.
+///
+/// Errors: dtypes or shapes that do not fit.
+pub fn packed_matmul(
+    x: &Array,
+    packed: &Array,
+    n: i32,
+    spec: QuantSpec,
+    f16: bool,
+    kernel: PackedKernel,
+) -> Result<Array> {
+    if x.dtype() != Dtype::Float32 {
+        return Err(Exception::custom(format!(
+            "packed matmul: x must be float32, found {:?}",
+            x.dtype()
+        ))
+        .into());
+    }
+    // SAFETY: as in `quantized_matmul`.
+    let (status, out) = unsafe {
+        let mut out = mlx_sys::mlx_array_new();
+        let status = mlx_sys::mlxhost_packed_matmul(
+            &mut out,
+            x.as_ptr(),
+            packed.as_ptr(),
+            n,
+            spec.bits,
+            spec.group_size,
+            i32::from(f16),
+            match kernel {
+                PackedKernel::Simd => 0,
+                PackedKernel::Portable => 1,
+            },
+        );
+        (status, Array::from_ptr(out))
+    };
+    if status != 0 {
+        return Err(Exception::custom(format!(
+            "packed matmul: inputs do not fit (x {:?}, packed {:?}, {n} rows, {} bits, group {})",
+            x.shape(),
+            packed.shape(),
+            spec.bits,
+            spec.group_size
+        ))
+        .into());
+    }
+    Ok(out)
+}
+
 /// Threads of the op's pool (the calling thread included).
 pub fn threads() -> usize {
     // SAFETY: a plain query; it starts the pool on first use.
@@ -216,6 +348,171 @@ mod tests {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// The packed layout (int16 activations, `vpdpwssd`) against the float
+    /// product of the same weights, for every bit width and group size it
+    /// holds, float32 and (lossless) float16 scales, row counts 1..=16 and
+    /// the prefill path (17, 70 rows: dequantized tiles into BLAS, exact),
+    /// odd output widths (a partial last tile) and both kernels; the SIMD
+    /// kernel against the portable one.
+    #[test]
+    fn packed_matches_dequantized_product() -> Result<()> {
+        mlx_rs::random::seed(12)?;
+        for bits in [4, 8] {
+            for group in [32, 64, 128] {
+                for (n, k) in [(37, 128), (130, 384), (9, 256), (16, 640)] {
+                    for half in [false, true] {
+                        let spec = QuantSpec {
+                            bits,
+                            group_size: group,
+                        };
+                        let w = mlx_rs::random::normal::<f32>(&[n, k], None, None, None)?;
+                        let (qw, s, b) = ops::quantize(&w, group, bits)?;
+                        // float16-exact scales and biases (as GGUF's Q4_0/Q4_1/Q8_0
+                        // give), or arbitrary float32 ones.
+                        let (s, b) = if half {
+                            let r = |a: &Array| -> Result<Array> {
+                                Ok(a.as_dtype(Dtype::Float16)?.as_dtype(Dtype::Float32)?)
+                            };
+                            (r(&s)?, r(&b)?)
+                        } else {
+                            (s, b)
+                        };
+                        let dense = ops::dequantize(&qw, &s, &b, group, bits)?;
+                        let (packed, f16) = pack(&qw, &s, &b, spec)?;
+                        assert_eq!(f16, half, "{bits}-bit group {group}: float16 scales");
+                        assert_eq!(packed.shape()[0], (n + 15) / 16);
+                        for rows in (1..=16).chain([17, 70]) {
+                            let x = mlx_rs::random::normal::<f32>(&[rows, k], None, None, None)?;
+                            let want = ops::matmul(&x, dense.t())?;
+                            // int16 rounding of x: |error| <= max|x| / 65534 per
+                            // element; exact (float32) through BLAS.
+                            let tol = if rows as usize <= max_kernel_rows() {
+                                2e-4
+                            } else {
+                                1e-5
+                            };
+                            let simd =
+                                packed_matmul(&x, &packed, n, spec, f16, PackedKernel::Simd)?;
+                            let portable =
+                                packed_matmul(&x, &packed, n, spec, f16, PackedKernel::Portable)?;
+                            assert_eq!(simd.shape(), &[rows, n]);
+                            for (name, got) in [("simd", &simd), ("portable", &portable)] {
+                                let err = max_rel_err(got, &want)?;
+                                assert!(
+                                    err < tol,
+                                    "{bits}-bit group {group} f16 {half} [{n}x{k}] rows {rows} \
+                                     {name}: relative error {err}"
+                                );
+                            }
+                            let err = max_rel_err(&simd, &portable)?;
+                            assert!(
+                                err < 1e-5,
+                                "{bits}-bit group {group} [{n}x{k}] rows {rows}: simd vs \
+                                 portable {err}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A hidden state with an outlier channel (as SmolLM2's have): int16
+    /// rounding per group keeps the small channels (int8 per block of 32
+    /// flattened them).
+    #[test]
+    fn packed_keeps_small_channels_beside_an_outlier() -> Result<()> {
+        let spec = QuantSpec {
+            bits: 4,
+            group_size: 32,
+        };
+        let w = mlx_rs::random::normal::<f32>(&[64, 576], None, None, None)?;
+        let (qw, s, b) = ops::quantize(&w, 32, 4)?;
+        let dense = ops::dequantize(&qw, &s, &b, 32, 4)?;
+        let mut xs = vec![0.01f32; 576];
+        for (i, v) in xs.iter_mut().enumerate() {
+            *v *= ((i * 7919) % 13) as f32 - 6.0;
+        }
+        xs[5] = 300.0;
+        let x = Array::from_slice(&xs, &[1, 576]);
+        let (packed, f16) = pack(&qw, &s, &b, spec)?;
+        let got = packed_matmul(&x, &packed, 64, spec, f16, PackedKernel::Simd)?;
+        // Without the outlier's own contribution, the rest must still match.
+        let mut small = xs.clone();
+        small[5] = 0.0;
+        let x_small = Array::from_slice(&small, &[1, 576]);
+        let want = ops::matmul(&x, dense.t())?;
+        let err = ops::abs(&ops::subtract(&got, &want)?)?.max(None)?;
+        let scale = ops::abs(&ops::matmul(&x_small, dense.t())?)?.max(None)?;
+        eval([&err, &scale])?;
+        let rel = err.item_exact::<f32>() / scale.item_exact::<f32>();
+        assert!(
+            rel < 0.05,
+            "small channels moved by {rel} of their own product"
+        );
+        Ok(())
+    }
+
+    /// A packed linear's dense weight is exactly the dequantized one, and a
+    /// packed linear computes like the quantized one it came from.
+    #[test]
+    fn packed_linear_round_trips() -> Result<()> {
+        let w = mlx_rs::random::normal::<f32>(&[40, 256], None, None, None)?;
+        let (qw, s, b) = ops::quantize(&w, 64, 4)?;
+        let spec = QuantSpec {
+            bits: 4,
+            group_size: 64,
+        };
+        let lin = crate::model::linear::Linear::Quantized {
+            weight: qw.clone(),
+            scales: s.clone(),
+            biases: b.clone(),
+            spec,
+        };
+        let packed = lin.packed()?;
+        assert!(matches!(
+            packed,
+            crate::model::linear::Linear::Packed {
+                out: 40,
+                input: 256,
+                ..
+            }
+        ));
+        let dense = ops::dequantize(&qw, &s, &b, 64, 4)?;
+        let diff = ops::abs(&ops::subtract(&packed.dense_weight()?, &dense)?)?.max(None)?;
+        eval([&diff])?;
+        assert_eq!(diff.item_exact::<f32>(), 0.0);
+        let x = mlx_rs::random::normal::<f32>(&[3, 256], None, None, None)?;
+        let err = max_rel_err(&packed.forward(&x)?, &lin.forward(&x)?)?;
+        assert!(err < 2e-4, "packed vs quantized linear: {err}");
+        Ok(())
+    }
+
+    #[test]
+    fn packed_rejects_what_it_cannot_compute() -> Result<()> {
+        let w = mlx_rs::random::normal::<f32>(&[8, 512], None, None, None)?;
+        let (qw, s, b) = ops::quantize(&w, 128, 4)?;
+        // Groups above 128 could overflow the integer sums.
+        let spec = QuantSpec {
+            bits: 4,
+            group_size: 256,
+        };
+        assert!(!supports_packed(spec));
+        assert!(pack(&qw, &s, &b, spec).is_err());
+        let (qw, s, b) = ops::quantize(&w, 32, 4)?;
+        let spec = QuantSpec {
+            bits: 4,
+            group_size: 32,
+        };
+        let (packed, f16) = pack(&qw, &s, &b, spec)?;
+        let wrong = mlx_rs::random::normal::<f32>(&[1, 256], None, None, None)?;
+        assert!(packed_matmul(&wrong, &packed, 8, spec, f16, PackedKernel::Simd).is_err());
+        let x = mlx_rs::random::normal::<f32>(&[1, 512], None, None, None)?;
+        assert!(packed_matmul(&x, &packed, 17, spec, f16, PackedKernel::Simd).is_err());
         Ok(())
     }
 

@@ -49,11 +49,19 @@ pub struct FusedLayer {
     tensors: Vec<Array>,
     bits: [i32; 4],
     groups: [i32; 4],
+    /// Per product: the weight is in the packed layout ([`Linear::Packed`];
+    /// its scales/biases slots hold empty placeholders), and that layout's
+    /// scales are float16.
+    packed: [i32; 4],
+    f16: [i32; 4],
+    /// The MLP width.
+    intermediate: i32,
 }
 
 impl FusedLayer {
     /// The layer's tensors when every linear is a float32-scaled quantized
-    /// weight the kernel computes and q/k/v and gate/up are fused; `None`
+    /// weight the kernel computes, or a packed one, and q/k/v and gate/up
+    /// are fused; `None`
     /// otherwise (the layer then runs through MLX ops).
     pub fn of(layer: &Layer) -> Option<FusedLayer> {
         let fused = |p: &Projections| match p {
@@ -74,26 +82,39 @@ impl FusedLayer {
         let mut tensors = vec![layer.input_norm.clone(), layer.post_attention_norm.clone()];
         let mut bits = [0; 4];
         let mut groups = [0; 4];
+        let mut packed = [0; 4];
+        let mut f16 = [0; 4];
         for (i, lin) in linears.iter().enumerate() {
-            let Linear::Quantized {
-                weight,
-                scales,
-                biases,
-                spec,
-            } = lin
-            else {
-                return None;
+            let spec = match lin {
+                Linear::Quantized {
+                    weight,
+                    scales,
+                    biases,
+                    spec,
+                } if cpu_quant::supports(*spec) && scales.dtype() == Dtype::Float32 => {
+                    tensors.extend([weight.clone(), scales.clone(), biases.clone()]);
+                    *spec
+                }
+                Linear::Packed {
+                    packed: p,
+                    spec,
+                    f16: half,
+                    ..
+                } => {
+                    let empty = Array::zeros::<f32>(&[0]).ok()?;
+                    tensors.extend([p.clone(), empty.clone(), empty]);
+                    packed[i] = 1;
+                    f16[i] = i32::from(*half);
+                    *spec
+                }
+                _ => return None,
             };
-            if !cpu_quant::supports(*spec) || scales.dtype() != Dtype::Float32 {
-                return None;
-            }
             let QuantSpec {
                 bits: b,
                 group_size,
-            } = *spec;
+            } = spec;
             bits[i] = b;
             groups[i] = group_size;
-            tensors.extend([weight.clone(), scales.clone(), biases.clone()]);
         }
         // The op has no per-head q/k norm (Qwen3): such layers decode
         // through MLX ops.
@@ -111,6 +132,9 @@ impl FusedLayer {
             tensors,
             bits,
             groups,
+            packed,
+            f16,
+            intermediate: linears[2].out_features() / 2,
         })
     }
 }
@@ -169,6 +193,8 @@ pub fn decode_layer(
                 weights.as_ptr(),
                 layer.bits.as_ptr(),
                 layer.groups.as_ptr(),
+                layer.packed.as_ptr(),
+                layer.f16.as_ptr(),
                 keys.as_ptr(),
                 values.as_ptr(),
                 positions.as_ptr(),
@@ -176,6 +202,7 @@ pub fn decode_layer(
                 shape.heads,
                 shape.kv_heads,
                 shape.head_dim,
+                layer.intermediate,
                 shape.eps,
                 shape.rope_theta,
                 kernel.variant(),

@@ -29,6 +29,22 @@ pub enum Linear {
         /// Bits and group size.
         spec: QuantSpec,
     },
+    /// An MLX affine weight repacked for the CPU's integer kernel
+    /// ([`cpu_quant::pack`]: 16 output rows side by side, int16 activations
+    /// with AVX-512 VNNI). Only built on the quantized CPU path
+    /// ([`cpu_quant::packing_enabled`]).
+    Packed {
+        /// `[ceil(out / 16), bytes per tile]` uint8.
+        packed: Array,
+        /// Bits and group size.
+        spec: QuantSpec,
+        /// Output width.
+        out: i32,
+        /// Input width.
+        input: i32,
+        /// Scales and biases stored as float16 (lossless) in `packed`.
+        f16: bool,
+    },
 }
 
 impl Linear {
@@ -82,6 +98,59 @@ impl Linear {
                     y.as_dtype(x.dtype())?
                 }
             }
+            Linear::Packed {
+                packed,
+                spec,
+                out,
+                f16,
+                ..
+            } => {
+                let xc = if x.dtype() == Dtype::Float32 {
+                    x.clone()
+                } else {
+                    x.as_dtype(Dtype::Float32)?
+                };
+                let y = cpu_quant::packed_matmul(
+                    &xc,
+                    packed,
+                    *out,
+                    *spec,
+                    *f16,
+                    cpu_quant::PackedKernel::Simd,
+                )?;
+                if y.dtype() == x.dtype() {
+                    y
+                } else {
+                    y.as_dtype(x.dtype())?
+                }
+            }
+        })
+    }
+
+    /// This linear repacked for the CPU's integer kernel ([`Linear::Packed`])
+    /// when it is quantized with float32 scales in a layout the packed
+    /// kernel holds; a clone otherwise.
+    pub fn packed(&self) -> Result<Linear> {
+        Ok(match self {
+            Linear::Quantized {
+                weight,
+                scales,
+                biases,
+                spec,
+            } if cpu_quant::supports_packed(*spec)
+                && scales.dtype() == Dtype::Float32
+                && biases.dtype() == Dtype::Float32 =>
+            {
+                let (packed, f16) = cpu_quant::pack(weight, scales, biases, *spec)?;
+                Linear::Packed {
+                    packed,
+                    spec: *spec,
+                    out: weight.shape()[0],
+                    input: weight.shape()[1] * 32 / spec.bits,
+                    f16,
+                }
+            }
+            other => other.clone(),
         })
     }
 
@@ -99,6 +168,11 @@ impl Linear {
     pub fn dense_weight(&self) -> Result<Array> {
         Ok(match self {
             Linear::Dense { weight_t } => weight_t.t(),
+            // The identity through the op's prefill path (dequantized tiles
+            // into BLAS): exactly the float32 weights, `[in, out]`.
+            Linear::Packed { input, .. } => {
+                self.forward(&Array::eye::<f32>(*input, None, None)?)?.t()
+            }
             Linear::Quantized {
                 weight,
                 scales,
@@ -133,6 +207,8 @@ impl Linear {
                 biases: biases.as_dtype(qdtype)?,
                 spec: *spec,
             },
+            // Its products always run in float32 (cast at the boundary).
+            Linear::Packed { .. } => self.clone(),
         })
     }
 
@@ -146,6 +222,7 @@ impl Linear {
                 biases,
                 ..
             } => vec![("weight", weight), ("scales", scales), ("biases", biases)],
+            Linear::Packed { packed, .. } => vec![("packed", packed)],
         }
     }
 
@@ -154,6 +231,7 @@ impl Linear {
         match self {
             Linear::Dense { weight_t } => weight_t.shape()[1],
             Linear::Quantized { weight, .. } => weight.shape()[0],
+            Linear::Packed { out, .. } => *out,
         }
     }
 
@@ -161,7 +239,7 @@ impl Linear {
     pub fn quant_spec(&self) -> Option<QuantSpec> {
         match self {
             Linear::Dense { .. } => None,
-            Linear::Quantized { spec, .. } => Some(*spec),
+            Linear::Quantized { spec, .. } | Linear::Packed { spec, .. } => Some(*spec),
         }
     }
 
@@ -181,6 +259,10 @@ impl Linear {
             return Ok(Some(Linear::Dense {
                 weight_t: ops::concatenate(&ws, 1)?,
             }));
+        }
+        // Packed weights are fused before packing (`weights.rs`).
+        if parts.iter().any(|p| matches!(p, Linear::Packed { .. })) {
+            return Ok(None);
         }
         let mut specs = parts.iter().map(|p| p.quant_spec());
         let first = specs.next().flatten();
@@ -233,6 +315,13 @@ impl Embedding {
                 spec.group_size,
                 spec.bits,
             )?,
+            // Embeddings keep MLX's layout (rows are gathered by id).
+            Linear::Packed { .. } => {
+                return Err(mlx_rs::error::Exception::custom(
+                    "embedding lookup: the table is in the packed layout",
+                )
+                .into())
+            }
         })
     }
 

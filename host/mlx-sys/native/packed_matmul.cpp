@@ -1,0 +1,453 @@
+// `y = x @ W^T` from affine 4/8-bit weights repacked for integer dot
+// products (mlxhost's CPU decode path on CPUs with AVX-512 VNNI).
+//
+// Why: with MLX's layout (one weight row after another) a batched decode
+// step (8-16 rows) is bound by float FMAs: each block of 32 weights is
+// dequantized to float32 and every row of x costs 2 FMAs of 16 lanes per
+// block (`block_f512` in quantized_matmul.cpp ran at ~80% of the FMA peak).
+// `vpdpwssd` (AVX-512 VNNI) does 32 int16 multiply-adds per instruction at
+// the FMA's rate, so int16 activations against the integer weight codes
+// halve the instructions per multiply-add. Integer products only pay if the
+// float work per block (convert, scale, bias) is shared by many outputs, so
+// the weights are repacked at load with 16 output rows side by side: one
+// 32-bit lane per output row, the x values broadcast. A group's integer sum
+// for 16 output rows is then one register, scaled once.
+//
+// Activations are rounded to int16 per weight group (d = max|x| / 32767):
+// 256x finer than llama.cpp's int8 (Q8) activations, whose per-block
+// rounding moved SmolLM2's logprobs by up to 0.33 nats against mlx-lm
+// (hidden states with outlier channels: the small channels of a block with
+// an outlier lost most of their bits). The bias term uses the float sum of
+// x, so the only rounding is x's (|error| <= d / 2 per element).
+//
+// Packed layout (`mlxhost_pack_quantized`): tiles of 16 output rows (the
+// last one padded with zero rows), each tile's groups in order; a group is
+// its weight chunks, then 16 scales, then 16 biases (float16 when every
+// scale and bias of the weight is exactly a float16, as GGUF's Q4_0, Q4_1
+// and Q8_0 are: 4 bytes per 32 weights less to stream; else float32). A
+// chunk is 64 bytes, one little-endian 32-bit word per output row:
+//   4-bit: word r = elements e0..e7 of row r, element e_i in bits [4i, 4i+4)
+//          (8 consecutive elements of the group; 4 chunks per 32 elements);
+//   8-bit: word r = elements e0..e3, e_i in bits [8i, 8i + 8).
+// Unpacking a chunk into int16 pairs is an AND (and a shift): 4-bit lane
+// pairs (e_t, e_{t+4}) for t = 0..3, 8-bit (e_t, e_{t+2}) for t = 0..1; x is
+// rounded into the same pair order (`prepare_x`).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "cpu_kernels.h"
+
+namespace mlxhost_cpu {
+
+namespace {
+
+constexpr int kTile = 16;
+
+// float16 conversions in plain C++ (no F16C needed; not on a hot path: the
+// kernel converts with vcvtph2ps). `f32_to_f16_bits` rounds to nearest;
+// exact for every float16 value, which is all `pack` stores.
+inline uint16_t f32_to_f16_bits(float f) {
+  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  const float a = std::fabs(f);
+  if (std::isnan(a))
+    return sign | 0x7E00;
+  if (a == 0)
+    return sign;
+  const int e = std::ilogb(a);
+  if (e > 15)
+    return sign | 0x7C00;
+  if (e < -14) // subnormal: units of 2^-24
+    return sign | uint16_t(std::lrint(std::ldexp(a, 24)));
+  // (e + 15) << 10 plus the rounded 10-bit mantissa; a mantissa that rounds
+  // up to 1024 carries into the exponent.
+  const long mant = std::lrint((std::ldexp(a, -e) - 1.0f) * 1024.0f);
+  const long bits = (long(e + 15) << 10) + mant;
+  return sign | uint16_t(std::min(bits, 0x7C00L));
+}
+
+inline float f16_bits_to_f32(uint16_t b) {
+  const float sign = (b & 0x8000) ? -1.0f : 1.0f;
+  const int e = (b >> 10) & 0x1F, mant = b & 0x3FF;
+  if (e == 0)
+    return sign * std::ldexp(float(mant), -24);
+  if (e == 31)
+    return mant ? NAN : sign * INFINITY;
+  return sign * std::ldexp(float(1024 + mant), e - 25);
+}
+
+// Bytes of one group of one tile.
+inline size_t group_bytes(int bits, int group, bool f16) {
+  return size_t(group) * kTile * bits / 8 + 2 * kTile * (f16 ? 2 : 4);
+}
+
+// Element `k` of row `n` of MLX's layout (see quantized_matmul.cpp).
+inline int code_at(const uint8_t* w, int K, int bits, int n, int k) {
+  const uint8_t* row = w + size_t(n) * K * bits / 8;
+  if (bits == 4)
+    return (row[k / 2] >> (4 * (k % 2))) & 0x0F;
+  return row[k];
+}
+
+} // namespace
+
+bool packed_available() {
+#if defined(__x86_64__)
+  static const bool has = __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+  return has;
+#else
+  return false;
+#endif
+}
+
+size_t packed_bytes(int N, int K, int bits, int group, bool f16) {
+  const size_t tiles = (size_t(N) + kTile - 1) / kTile;
+  return tiles * size_t(K / group) * group_bytes(bits, group, f16);
+}
+
+bool scales_fit_f16(const float* scales, const float* biases, size_t count) {
+  for (size_t i = 0; i < count; i++) {
+    for (float v : {scales[i], biases[i]}) {
+      if (!std::isfinite(v) || f16_bits_to_f32(f32_to_f16_bits(v)) != v)
+        return false;
+    }
+  }
+  return true;
+}
+
+void pack(
+    const uint8_t* w,
+    const float* scales,
+    const float* biases,
+    int N,
+    int K,
+    int bits,
+    int group,
+    bool f16,
+    uint8_t* out) {
+  const int groups = K / group;
+  const int tiles = (N + kTile - 1) / kTile;
+  const int per_word = 32 / bits; // elements per 32-bit word
+  const size_t gbytes = group_bytes(bits, group, f16);
+  std::memset(out, 0, packed_bytes(N, K, bits, group, f16));
+  for (int t = 0; t < tiles; t++) {
+    for (int g = 0; g < groups; g++) {
+      uint8_t* dst = out + (size_t(t) * groups + g) * gbytes;
+      const int chunks = group / per_word;
+      for (int c = 0; c < chunks; c++) {
+        for (int r = 0; r < kTile; r++) {
+          const int n = t * kTile + r;
+          if (n >= N)
+            continue;
+          uint32_t word = 0;
+          for (int i = 0; i < per_word; i++) {
+            const int k = g * group + c * per_word + i;
+            word |= uint32_t(code_at(w, K, bits, n, k)) << (bits * i);
+          }
+          std::memcpy(dst + (size_t(c) * kTile + r) * 4, &word, 4);
+        }
+      }
+      uint8_t* sb = dst + size_t(chunks) * kTile * 4;
+      for (int r = 0; r < kTile; r++) {
+        const int n = t * kTile + r;
+        const float s = n < N ? scales[size_t(n) * groups + g] : 0.0f;
+        const float b = n < N ? biases[size_t(n) * groups + g] : 0.0f;
+        if (f16) {
+          const uint16_t hs = f32_to_f16_bits(s), hb = f32_to_f16_bits(b);
+          std::memcpy(sb + r * 2, &hs, 2);
+          std::memcpy(sb + kTile * 2 + r * 2, &hb, 2);
+        } else {
+          std::memcpy(sb + r * 4, &s, 4);
+          std::memcpy(sb + kTile * 4 + r * 4, &b, 4);
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
+// x [M, K] rounded to int16 per weight group, in the packed pair order:
+// q[m] holds K / 2 32-bit words (the pairs each vector lane multiplies),
+// d[m, g] the group's step, sum[m, g] the float sum of the group's x.
+struct PackedX {
+  std::vector<int32_t> q;
+  std::vector<float> d, sum;
+};
+
+void prepare_x(const PackedProblem& p, PackedX& px) {
+  const int groups = p.K / p.group;
+  px.q.resize(size_t(p.M) * p.K / 2);
+  px.d.resize(size_t(p.M) * groups);
+  px.sum.resize(size_t(p.M) * groups);
+  int16_t tmp[32];
+  for (int m = 0; m < p.M; m++) {
+    const float* xr = p.x + size_t(m) * p.K;
+    for (int g = 0; g < groups; g++) {
+      const float* xg = xr + size_t(g) * p.group;
+      float amax = 0, sum = 0;
+      for (int i = 0; i < p.group; i++) {
+        amax = std::max(amax, std::fabs(xg[i]));
+        sum += xg[i];
+      }
+      const float d = amax / 32767.0f;
+      const float inv = amax > 0 ? 32767.0f / amax : 0.0f;
+      px.d[size_t(m) * groups + g] = d;
+      px.sum[size_t(m) * groups + g] = sum;
+      for (int b = 0; b < p.group; b += 32) {
+        for (int i = 0; i < 32; i++)
+          tmp[i] = int16_t(std::clamp(std::lrint(xg[b + i] * inv), -32767L, 32767L));
+        // 16 words per 32 elements, in the order the kernel consumes them.
+        int32_t* out = px.q.data() + (size_t(m) * p.K + size_t(g) * p.group + b) / 2;
+        int o = 0;
+        if (p.bits == 4) {
+          for (int c = 0; c < 4; c++)
+            for (int t = 0; t < 4; t++, o++)
+              out[o] = int32_t(uint16_t(tmp[8 * c + t])) |
+                  int32_t(uint32_t(uint16_t(tmp[8 * c + t + 4])) << 16);
+        } else {
+          for (int c = 0; c < 8; c++)
+            for (int t = 0; t < 2; t++, o++)
+              out[o] = int32_t(uint16_t(tmp[4 * c + t])) |
+                  int32_t(uint32_t(uint16_t(tmp[4 * c + t + 2])) << 16);
+        }
+      }
+    }
+  }
+}
+
+#if defined(__x86_64__)
+// One tile (16 output rows) against rows [m0, m0 + MC) of the prepared x.
+// Integer sums per group in acc (NA partial sums per row when MC is small,
+// so consecutive vpdpwssd do not wait on each other), then scaled into
+// float accumulators: y += s * d * sum(q_w q_x) + b * sum(x).
+template <int BITS, int MC, bool F16>
+__attribute__((target("avx512f,avx512bw,avx512vnni,f16c"))) void tile_vnni(
+    const PackedProblem& p,
+    const PackedX& px,
+    const uint8_t* tile,
+    int m0,
+    int n0) {
+  constexpr int NA = MC >= 4 ? 1 : (MC == 1 ? 4 : 2);
+  constexpr int VEC = BITS == 4 ? 4 : 2; // int16-pair vectors per chunk
+  const int groups = p.K / p.group;
+  const int chunks = p.group * BITS / 32; // per group
+  const size_t gbytes = group_bytes(BITS, p.group, F16);
+  const int32_t* xq[MC];
+  for (int m = 0; m < MC; m++)
+    xq[m] = px.q.data() + size_t(m0 + m) * p.K / 2;
+  const __m512i mask = _mm512_set1_epi32(BITS == 4 ? 0x000F000F : 0x00FF00FF);
+  __m512 accf[MC];
+  for (int m = 0; m < MC; m++)
+    accf[m] = _mm512_setzero_ps();
+  for (int g = 0; g < groups; g++) {
+    const uint8_t* gp = tile + size_t(g) * gbytes;
+    __m512i acc[MC][NA];
+    for (int m = 0; m < MC; m++)
+      for (int a = 0; a < NA; a++)
+        acc[m][a] = _mm512_setzero_si512();
+    const int32_t* xg = nullptr;
+    (void)xg;
+    for (int c = 0; c < chunks; c++) {
+      const __m512i v = _mm512_loadu_si512(gp + size_t(c) * 64);
+      __m512i w[VEC];
+      if constexpr (BITS == 4) {
+        w[0] = _mm512_and_si512(v, mask);
+        w[1] = _mm512_and_si512(_mm512_srli_epi32(v, 4), mask);
+        w[2] = _mm512_and_si512(_mm512_srli_epi32(v, 8), mask);
+        w[3] = _mm512_and_si512(_mm512_srli_epi32(v, 12), mask);
+      } else {
+        w[0] = _mm512_and_si512(v, mask);
+        w[1] = _mm512_and_si512(_mm512_srli_epi32(v, 8), mask);
+      }
+      // This chunk's x words: VEC per chunk, consecutive.
+      const size_t xo = size_t(g) * p.group / 2 + size_t(c) * VEC;
+      for (int m = 0; m < MC; m++) {
+        for (int t = 0; t < VEC; t++) {
+          acc[m][(c * VEC + t) % NA] =
+              _mm512_dpwssd_epi32(acc[m][(c * VEC + t) % NA], w[t], _mm512_set1_epi32(xq[m][xo + t]));
+        }
+      }
+    }
+    const uint8_t* sb = gp + size_t(chunks) * 64;
+    __m512 s, b;
+    if constexpr (F16) {
+      s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb)));
+      b = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 32)));
+    } else {
+      s = _mm512_loadu_ps(reinterpret_cast<const float*>(sb));
+      b = _mm512_loadu_ps(reinterpret_cast<const float*>(sb + 64));
+    }
+    for (int m = 0; m < MC; m++) {
+      __m512i sum = acc[m][0];
+      for (int a = 1; a < NA; a++)
+        sum = _mm512_add_epi32(sum, acc[m][a]);
+      const size_t gi = size_t(m0 + m) * groups + g;
+      const __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(px.d[gi]));
+      accf[m] = _mm512_fmadd_ps(dot, s, accf[m]);
+      accf[m] = _mm512_fmadd_ps(b, _mm512_set1_ps(px.sum[gi]), accf[m]);
+    }
+  }
+  const int valid = std::min(kTile, p.N - n0);
+  const __mmask16 keep = valid >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1);
+  for (int m = 0; m < MC; m++)
+    _mm512_mask_storeu_ps(p.y + size_t(m0 + m) * p.N + n0, keep, accf[m]);
+}
+
+template <int BITS, bool F16>
+void tiles_vnni(const PackedProblem& p, const PackedX& px, int t0, int t1) {
+  const size_t tbytes = size_t(p.K / p.group) * group_bytes(BITS, p.group, F16);
+  for (int t = t0; t < t1; t++) {
+    const uint8_t* tile = p.packed + size_t(t) * tbytes;
+    // Rows of x in blocks of up to 8 (the tile stays in L1 between blocks).
+    int m = 0;
+    for (; m + 8 <= p.M; m += 8)
+      tile_vnni<BITS, 8, F16>(p, px, tile, m, t * kTile);
+    switch (p.M - m) {
+#define MLXHOST_CASE(R)                                   \
+  case R:                                                 \
+    tile_vnni<BITS, R, F16>(p, px, tile, m, t * kTile);   \
+    break;
+      MLXHOST_CASE(1)
+      MLXHOST_CASE(2)
+      MLXHOST_CASE(3)
+      MLXHOST_CASE(4)
+      MLXHOST_CASE(5)
+      MLXHOST_CASE(6)
+      MLXHOST_CASE(7)
+#undef MLXHOST_CASE
+      default:
+        break;
+    }
+  }
+}
+#endif
+
+// Portable reference of the same arithmetic (int16-rounded x, integer
+// sums per group): what the tests compare the SIMD kernel with, and what
+// runs where AVX-512 VNNI is missing.
+void tiles_portable(const PackedProblem& p, const PackedX& px, int t0, int t1) {
+  const int groups = p.K / p.group;
+  const int per_word = 32 / p.bits;
+  const int vec = p.bits == 4 ? 4 : 2;
+  const int chunks = p.group / per_word;
+  const size_t gbytes = group_bytes(p.bits, p.group, p.f16_scales);
+  const size_t tbytes = size_t(groups) * gbytes;
+  const uint32_t mask = p.bits == 4 ? 0x0F : 0xFF;
+  for (int t = t0; t < t1; t++) {
+    const uint8_t* tile = p.packed + size_t(t) * tbytes;
+    for (int m = 0; m < p.M; m++) {
+      const int32_t* xq = px.q.data() + size_t(m) * p.K / 2;
+      float acc[kTile] = {};
+      for (int g = 0; g < groups; g++) {
+        const uint8_t* gp = tile + size_t(g) * gbytes;
+        int32_t isum[kTile] = {};
+        for (int c = 0; c < chunks; c++) {
+          for (int r = 0; r < kTile; r++) {
+            uint32_t word;
+            std::memcpy(&word, gp + (size_t(c) * kTile + r) * 4, 4);
+            for (int tt = 0; tt < vec; tt++) {
+              const int32_t xw = xq[size_t(g) * p.group / 2 + size_t(c) * vec + tt];
+              const int32_t lo = (word >> (p.bits * tt)) & mask;
+              const int32_t hi = (word >> (p.bits * (tt + vec))) & mask;
+              isum[r] += lo * int16_t(xw & 0xFFFF) + hi * int16_t(uint32_t(xw) >> 16);
+            }
+          }
+        }
+        const uint8_t* sb = gp + size_t(chunks) * 64;
+        const size_t gi = size_t(m) * groups + g;
+        for (int r = 0; r < kTile; r++) {
+          float s, b;
+          if (p.f16_scales) {
+            uint16_t hs, hb;
+            std::memcpy(&hs, sb + r * 2, 2);
+            std::memcpy(&hb, sb + 32 + r * 2, 2);
+            s = f16_bits_to_f32(hs);
+            b = f16_bits_to_f32(hb);
+          } else {
+            std::memcpy(&s, sb + r * 4, 4);
+            std::memcpy(&b, sb + 64 + r * 4, 4);
+          }
+          acc[r] += float(isum[r]) * px.d[gi] * s + b * px.sum[gi];
+        }
+      }
+      for (int r = 0; r < kTile && t * kTile + r < p.N; r++)
+        p.y[size_t(m) * p.N + t * kTile + r] = acc[r];
+    }
+  }
+}
+
+} // namespace
+
+void dequant_packed_rows(const PackedProblem& p, int n0, int n1, float* out) {
+  const int groups = p.K / p.group;
+  const int per_word = 32 / p.bits;
+  const int chunks = p.group / per_word;
+  const size_t gbytes = group_bytes(p.bits, p.group, p.f16_scales);
+  const size_t tbytes = size_t(groups) * gbytes;
+  const uint32_t mask = p.bits == 4 ? 0x0F : 0xFF;
+  for (int n = n0; n < n1; n++) {
+    const int t = n / kTile, r = n % kTile;
+    const uint8_t* tile = p.packed + size_t(t) * tbytes;
+    float* o = out + size_t(n - n0) * p.K;
+    for (int g = 0; g < groups; g++) {
+      const uint8_t* gp = tile + size_t(g) * gbytes;
+      const uint8_t* sb = gp + size_t(chunks) * 64;
+      float s, b;
+      if (p.f16_scales) {
+        uint16_t hs, hb;
+        std::memcpy(&hs, sb + r * 2, 2);
+        std::memcpy(&hb, sb + 32 + r * 2, 2);
+        s = f16_bits_to_f32(hs);
+        b = f16_bits_to_f32(hb);
+      } else {
+        std::memcpy(&s, sb + r * 4, 4);
+        std::memcpy(&b, sb + 64 + r * 4, 4);
+      }
+      for (int c = 0; c < chunks; c++) {
+        uint32_t word;
+        std::memcpy(&word, gp + (size_t(c) * kTile + r) * 4, 4);
+        float* oc = o + size_t(g) * p.group + size_t(c) * per_word;
+        for (int i = 0; i < per_word; i++)
+          oc[i] = s * float((word >> (p.bits * i)) & mask) + b;
+      }
+    }
+  }
+}
+
+void compute_packed_tiles(const PackedProblem& p, int variant) {
+  PackedX px;
+  prepare_x(p, px);
+  const int tiles = (p.N + kTile - 1) / kTile;
+  const bool simd = variant != kPackedPortable && packed_available();
+  parallel_for_range(tiles, 2, [&](int t0, int t1) {
+#if defined(__x86_64__)
+    if (simd) {
+      if (p.bits == 4) {
+        if (p.f16_scales)
+          tiles_vnni<4, true>(p, px, t0, t1);
+        else
+          tiles_vnni<4, false>(p, px, t0, t1);
+      } else {
+        if (p.f16_scales)
+          tiles_vnni<8, true>(p, px, t0, t1);
+        else
+          tiles_vnni<8, false>(p, px, t0, t1);
+      }
+      return;
+    }
+#endif
+    (void)simd;
+    tiles_portable(p, px, t0, t1);
+  });
+}
+
+} // namespace mlxhost_cpu
