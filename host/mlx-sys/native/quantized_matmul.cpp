@@ -974,6 +974,65 @@ class CpuPackedMatmul : public mx::Primitive {
   int variant_;
 };
 
+// Rows of a packed weight gathered by id and dequantized to float32: the
+// embedding lookup of a packed table (the tied output head then streams the
+// packed layout too, and the table is held once).
+class CpuPackedRows : public mx::Primitive {
+ public:
+  CpuPackedRows(mx::Stream s, int n, int k, int bits, int group, bool f16)
+      : mx::Primitive(s), n_(n), k_(k), bits_(bits), group_(group), f16_(f16) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (const auto& a : inputs) {
+      if (!a.flags().row_contiguous)
+        throw std::runtime_error("packed rows: an input is not row-contiguous");
+    }
+    auto& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs)
+      enc.set_input_array(a);
+    enc.set_output_array(out);
+    enc.dispatch([inputs, out, n = n_, k = k_, bits = bits_, group = group_,
+                  f16 = f16_]() mutable {
+      PackedProblem p{};
+      p.packed = inputs[1].data<uint8_t>();
+      p.N = n;
+      p.K = k;
+      p.bits = bits;
+      p.group = group;
+      p.f16_scales = f16;
+      const uint32_t* ids = inputs[0].data<uint32_t>();
+      float* y = out.data<float>();
+      for (size_t i = 0; i < inputs[0].size(); i++) {
+        // An id past the table (the host checks ids against the
+        // vocabulary first) reads nothing: a zero row.
+        if (ids[i] >= uint32_t(n))
+          std::fill(y + i * k, y + (i + 1) * k, 0.0f);
+        else
+          mlxhost_cpu::dequant_packed_rows(p, int(ids[i]), int(ids[i]) + 1, y + i * k);
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mlxhost CpuPackedRows has no GPU implementation");
+  }
+
+  const char* name() const override {
+    return "MlxhostCpuPackedRows";
+  }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const CpuPackedRows&>(other);
+    return n_ == o.n_ && k_ == o.k_ && bits_ == o.bits_ && group_ == o.group_ && f16_ == o.f16_;
+  }
+
+ private:
+  int n_, k_, bits_, group_;
+  bool f16_;
+};
+
 } // namespace
 
 // Whether this CPU runs the packed layout's SIMD kernel (AVX-512 VNNI).
@@ -1089,6 +1148,44 @@ extern "C" int mlxhost_packed_matmul(
     auto shape = xa.shape();
     shape.back() = n;
     auto prim = std::make_shared<CpuPackedMatmul>(stream, n, bits, group, f16 != 0, variant);
+    mlx_array_set_(*out, mx::array(std::move(shape), mx::float32, prim, std::move(inputs)));
+  } catch (std::exception& e) {
+    mlx_error(e.what());
+    return 1;
+  }
+  return 0;
+}
+
+// Builds `out [..., K] = W[ids]` lazily: rows of a packed weight of `n` rows
+// and width `k`, dequantized to float32. ids: uint32 of any shape. Returns
+// 0, or 1 with the error reported through mlx-c's error handler.
+extern "C" int mlxhost_packed_rows(
+    mlx_array* out,
+    const mlx_array ids,
+    const mlx_array packed,
+    int n,
+    int k,
+    int bits,
+    int group,
+    int f16) {
+  try {
+    const auto& ia = mlx_array_get_(ids);
+    const auto& pa = mlx_array_get_(packed);
+    if (ia.dtype() != mx::uint32)
+      throw std::invalid_argument("packed rows: ids must be uint32");
+    if ((bits != 4 && bits != 8) || (group != 32 && group != 64 && group != 128) ||
+        k <= 0 || k % group != 0 || n <= 0)
+      throw std::invalid_argument("packed rows: unsupported bits, group or width");
+    const size_t bytes = mlxhost_cpu::packed_bytes(n, k, bits, group, f16 != 0);
+    if (pa.dtype() != mx::uint8 || pa.ndim() != 2 || pa.shape(0) != (n + 15) / 16 ||
+        size_t(pa.shape(0)) * size_t(pa.shape(1)) != bytes)
+      throw std::invalid_argument("packed rows: the packed weight does not fit its shape");
+    auto stream = mx::default_stream(mx::Device::cpu);
+    std::vector<mx::array> inputs = {
+        mx::contiguous(ia, false, stream), mx::contiguous(pa, false, stream)};
+    auto shape = ia.shape();
+    shape.push_back(k);
+    auto prim = std::make_shared<CpuPackedRows>(stream, n, k, bits, group, f16 != 0);
     mlx_array_set_(*out, mx::array(std::move(shape), mx::float32, prim, std::move(inputs)));
   } catch (std::exception& e) {
     mlx_error(e.what());

@@ -90,6 +90,20 @@ extern "C" {
         group: ::std::os::raw::c_int,
     ) -> ::std::os::raw::c_int;
 
+    /// Builds `out [..., k] = W[ids]` lazily: rows of a packed weight (`n`
+    /// rows of width `k`) dequantized to float32; ids uint32. Returns 0, or
+    /// 1 after reporting through mlx-c's error handler.
+    pub fn mlxhost_packed_rows(
+        out: *mut mlx_array,
+        ids: mlx_array,
+        packed: mlx_array,
+        n: ::std::os::raw::c_int,
+        k: ::std::os::raw::c_int,
+        bits: ::std::os::raw::c_int,
+        group: ::std::os::raw::c_int,
+        f16: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int;
+
     /// Builds `out = x @ W^T` lazily from a packed weight of `n` rows
     /// (x `[..., K]` float32). `variant`: 0 SIMD where available, 1
     /// portable. Returns 0, or 1 after reporting through mlx-c's error

@@ -171,6 +171,52 @@ pub fn packed_matmul(
     Ok(out)
 }
 
+/// `W[ids]`: rows of a packed weight ([`pack`]; `n` rows of width `k`)
+/// gathered by id and dequantized to float32 (`s * q + b`, as MLX's
+/// `dequantize`): `ids` of any shape -> `[..., k]` (lazy). An id past the
+/// table gives a zero row (callers check ids against the vocabulary).
+///
+/// Errors: shapes that do not fit.
+pub fn packed_rows(
+    ids: &Array,
+    packed: &Array,
+    n: i32,
+    k: i32,
+    spec: QuantSpec,
+    f16: bool,
+) -> Result<Array> {
+    let ids = if ids.dtype() == Dtype::Uint32 {
+        ids.clone()
+    } else {
+        ids.as_dtype(Dtype::Uint32)?
+    };
+    // SAFETY: as in `quantized_matmul`.
+    let (status, out) = unsafe {
+        let mut out = mlx_sys::mlx_array_new();
+        let status = mlx_sys::mlxhost_packed_rows(
+            &mut out,
+            ids.as_ptr(),
+            packed.as_ptr(),
+            n,
+            k,
+            spec.bits,
+            spec.group_size,
+            i32::from(f16),
+        );
+        (status, Array::from_ptr(out))
+    };
+    if status != 0 {
+        return Err(Exception::custom(format!(
+            "packed rows: packed {:?} does not fit {n} rows of {k} ({} bits, group {})",
+            packed.shape(),
+            spec.bits,
+            spec.group_size
+        ))
+        .into());
+    }
+    Ok(out)
+}
+
 /// Threads of the op's pool (the calling thread included).
 pub fn threads() -> usize {
     // SAFETY: a plain query; it starts the pool on first use.
@@ -489,6 +535,15 @@ mod tests {
         let x = mlx_rs::random::normal::<f32>(&[3, 256], None, None, None)?;
         let err = max_rel_err(&packed.forward(&x)?, &lin.forward(&x)?)?;
         assert!(err < 2e-4, "packed vs quantized linear: {err}");
+        // As an embedding: rows gathered by id equal MLX's lookup.
+        let ids = Array::from_slice(&[0u32, 39, 17, 17], &[4]);
+        let table = crate::model::linear::Embedding(packed);
+        let want = crate::model::linear::Embedding(lin).lookup(&ids, Dtype::Float32)?;
+        let got = table.lookup(&ids, Dtype::Float32)?;
+        assert_eq!(got.shape(), &[4, 256]);
+        let diff = ops::abs(&ops::subtract(&got, &want)?)?.max(None)?;
+        eval([&diff])?;
+        assert_eq!(diff.item_exact::<f32>(), 0.0);
         Ok(())
     }
 

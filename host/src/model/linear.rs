@@ -315,13 +315,13 @@ impl Embedding {
                 spec.group_size,
                 spec.bits,
             )?,
-            // Embeddings keep MLX's layout (rows are gathered by id).
-            Linear::Packed { .. } => {
-                return Err(mlx_rs::error::Exception::custom(
-                    "embedding lookup: the table is in the packed layout",
-                )
-                .into())
-            }
+            Linear::Packed {
+                packed,
+                spec,
+                out,
+                input,
+                f16,
+            } => cpu_quant::packed_rows(ids, packed, *out, *input, *spec, *f16)?.as_dtype(dtype)?,
         })
     }
 

@@ -342,7 +342,9 @@ pub fn build_llama(
             down_proj: ld.pack(linear(&format!("{p}.mlp.down_proj"), i, h)?)?,
         });
     }
-    let embed = Embedding(linear("model.embed_tokens", h, c.vocab_size)?);
+    // Packed (on the quantized CPU path): the tied output head streams the
+    // packed layout, and lookups gather rows from it.
+    let embed = Embedding(ld.pack(linear("model.embed_tokens", h, c.vocab_size)?)?);
     let lm_head = if c.tie_word_embeddings || !tensors.contains_key("lm_head.weight") {
         None
     } else {
