@@ -140,7 +140,8 @@ def main():
         print(f"\n{base} step time by rows in the step (from /stats):")
         for b in share:
             print(f"  rows {b['rows']:>3}: {b['steps']:>6} steps, {b['step_ms']:8.2f} ms/step, plugins "
-                  f"{b['plugin_ms']:6.2f} ms ({100 * b['plugin_share']:.1f}%)")
+                  f"{b['plugin_ms']:6.2f} ms ({100 * b['plugin_share']:.1f}%), forward graph "
+                  f"{b.get('forward_graph_ms', float('nan')):6.2f} ms, eval {b.get('eval_ms', float('nan')):6.2f} ms")
 
 
 if __name__ == "__main__":

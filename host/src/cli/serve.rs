@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use mlxhost::cache::SsdConfig;
 use mlxhost::engine::admission::MemoryBudget;
-use mlxhost::engine::scheduler::{DEFAULT_BATCH, DEFAULT_PREFILL_BUDGET};
+use mlxhost::engine::scheduler::{DEFAULT_BATCH, DEFAULT_PREFILL_BUDGET, GPU_PREFILL_BUDGET};
 use mlxhost::engine::worker::CacheConfig;
 use mlxhost::engine::SchedulerConfig;
 use mlxhost::plugin::{Kind, LivePlugins, PluginLimits};
@@ -125,9 +125,10 @@ pub struct ServeArgs {
     batch: usize,
     /// Prompt tokens prefilled per step while other requests decode (chunked
     /// prefill: a long prompt joins the batch a chunk at a time instead of
-    /// freezing the running streams).
-    #[arg(long, alias = "prefill-step-size", default_value_t = DEFAULT_PREFILL_BUDGET)]
-    prefill_budget: usize,
+    /// freezing the running streams). Default: 256 on the CPU backend, 2048
+    /// on a GPU (where a 2048-token piece takes milliseconds).
+    #[arg(long, alias = "prefill-step-size")]
+    prefill_budget: Option<usize>,
     /// Linear memory cap per sampler/processor instance, MiB.
     #[arg(long, default_value_t = 64)]
     plugin_memory: usize,
@@ -260,7 +261,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.batch == 0 {
         anyhow::bail!("--batch must be at least 1 (1 = one request at a time)");
     }
-    if args.prefill_budget == 0 {
+    if args.prefill_budget == Some(0) {
         anyhow::bail!("--prefill-budget must be at least 1 token");
     }
     // A cache directory another server holds, or one that is not private,
@@ -370,6 +371,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
     };
     let response_store = open_response_store(&args)?;
+    // Backend-dependent scheduling defaults (libmlx is loaded by now).
+    let gpu = mlxhost::runtime::gpu_available();
     let config = ServeConfig {
         addr: SocketAddr::new(args.host, args.port),
         plugins: live.clone(),
@@ -409,9 +412,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         sse_keep_alive: Duration::from_secs(args.sse_keep_alive),
         schedule: SchedulerConfig {
             max_batch: args.batch,
-            prefill_budget: args.prefill_budget,
+            prefill_budget: args.prefill_budget.unwrap_or(if gpu {
+                GPU_PREFILL_BUDGET
+            } else {
+                DEFAULT_PREFILL_BUDGET
+            }),
+            prefill_chunk: if gpu {
+                GPU_PREFILL_BUDGET
+            } else {
+                SchedulerConfig::default().prefill_chunk
+            },
             memory_budget,
-            ..SchedulerConfig::default()
         },
     };
     let summary_plugins = live.clone();

@@ -73,6 +73,11 @@ impl Default for SchedulerConfig {
 pub const DEFAULT_BATCH: usize = 16;
 /// Default `--prefill-budget`, tokens per step.
 pub const DEFAULT_PREFILL_BUDGET: usize = 256;
+/// `--prefill-budget` and the prefill chunk on a GPU backend: mlx-lm's
+/// prefill step. Measured on an H200 (docs/benchmarks.md): a ~3.7k-token
+/// prompt took 0.56-0.66 s to its first token in 512-token chunks, 2.7x
+/// mlx_lm.server's 0.24 s.
+pub const GPU_PREFILL_BUDGET: usize = 2048;
 
 /// Who chooses a request's tokens.
 pub enum ChainSource<'s> {
@@ -107,6 +112,11 @@ pub struct BatchSizeStats {
     pub plugin_ms: f64,
     /// `plugin_ms / step_ms`.
     pub plugin_share: f64,
+    /// Mean time building the forward's graph per step, ms (host work).
+    pub forward_graph_ms: f64,
+    /// Mean time in the step's evaluation and read-back per step, ms (on a
+    /// GPU: kernel launches and waiting for the device).
+    pub eval_ms: f64,
 }
 
 /// The scheduler's counters (`GET /stats` under `"batch"`).
@@ -137,6 +147,8 @@ struct SizeAcc {
     steps: u64,
     time: Duration,
     plugins: Duration,
+    forward: Duration,
+    eval: Duration,
 }
 
 /// What one [`Scheduler::step`] did.
@@ -337,6 +349,8 @@ impl<'s> Scheduler<'s> {
                     let step_ms = acc.time.as_secs_f64() * 1e3 / n;
                     let plugin_ms = acc.plugins.as_secs_f64() * 1e3 / n;
                     BatchSizeStats {
+                        forward_graph_ms: acc.forward.as_secs_f64() * 1e3 / n,
+                        eval_ms: acc.eval.as_secs_f64() * 1e3 / n,
                         rows,
                         steps: acc.steps,
                         step_ms,
@@ -365,6 +379,8 @@ impl<'s> Scheduler<'s> {
         acc.steps += 1;
         acc.time += elapsed;
         acc.plugins += report.timing.plugins;
+        acc.forward += report.timing.forward;
+        acc.eval += report.timing.eval;
     }
 
     /// Retires waiting and running requests whose caller cancelled.
