@@ -44,7 +44,7 @@ struct PackedProblem {
   bool f16_scales;
 };
 
-// `compute_packed`'s variants: int16-rounded x with AVX-512 VNNI where the
+// `compute_packed`'s variants: x rounded to 24 bits with AVX-512 VNNI where the
 // CPU has it (else the portable loop), the portable loop (tests).
 constexpr int kPackedSimd = 0;
 constexpr int kPackedPortable = 1;
@@ -75,6 +75,10 @@ void pack(
 // Weight rows [n0, n1) of a packed weight dequantized into out
 // ([n1 - n0, K] float32).
 void dequant_packed_rows(const PackedProblem& p, int n0, int n1, float* out);
+
+// Tiles [t0, t1) of a packed weight dequantized column-wise (W^T):
+// out[k * ld + (t - t0) * 16 + r] = W[16 t + r, k] (zero for padding rows).
+void dequant_packed_cols(const PackedProblem& p, int t0, int t1, float* out, int ld);
 
 // Decode-sized product (any M; meant for M <= 16) on the pool.
 void compute_packed_tiles(const PackedProblem& p, int variant);

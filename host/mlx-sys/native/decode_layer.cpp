@@ -28,7 +28,7 @@
 // Inputs:  h [R, E] float32; input_norm, post_norm [E] float32; then for
 //          qkv, o, gate_up, down: w [N, K * bits / 32] uint32, scales and
 //          biases [N, K / group] float32 (or the packed layout of
-//          packed_matmul.cpp and two unused placeholders: the int16-VNNI
+//          packed_matmul.cpp and two unused placeholders: the VNNI
 //          kernel); then the q/k/v bias [q + 2 kv]
 //          float32; then K_0, V_0, ..., K_{R-1},
 //          V_{R-1}: [1, H_kv, cap_r, D] float32 (row-contiguous, cap_r > pos_r).
@@ -42,6 +42,10 @@
 #include <exception>
 #include <memory>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
@@ -76,20 +80,133 @@ void rms_norm(const float* x, const float* w, float eps, int n, float* out) {
 }
 
 // Half-split RoPE (MLX `fast::rope`, traditional = false) of `heads` heads of
-// width D at position `pos`, in place.
-void rope(float* x, int heads, int D, int pos, const std::vector<float>& inv_freq) {
+// width D, in place; cs holds cos(theta_j) then sin(theta_j) for j < D / 2
+// (`rope_table`: one table per row serves its query and key heads).
+void rope(float* x, int heads, int D, const float* cs) {
   const int half = D / 2;
-  for (int j = 0; j < half; j++) {
-    const float theta = float(pos) * inv_freq[j];
-    const float c = std::cos(theta), s = std::sin(theta);
-    for (int h = 0; h < heads; h++) {
-      float* v = x + size_t(h) * D;
+  for (int h = 0; h < heads; h++) {
+    float* v = x + size_t(h) * D;
+    for (int j = 0; j < half; j++) {
+      const float c = cs[j], s = cs[half + j];
       const float a = v[j], b = v[j + half];
       v[j] = a * c - b * s;
       v[j + half] = a * s + b * c;
     }
   }
 }
+
+void rope_table(int pos, const std::vector<float>& inv_freq, float* cs) {
+  const int half = int(inv_freq.size());
+  for (int j = 0; j < half; j++) {
+    const float theta = float(pos) * inv_freq[j];
+    cs[j] = std::cos(theta);
+    cs[half + j] = std::sin(theta);
+  }
+}
+
+#if defined(__x86_64__)
+// e^x for x <= 0 (softmax terms), 16 lanes: Cephes' expf (x = n ln2 + r,
+// a degree-6 polynomial for e^r, scaled by 2^n); within ~2 ulp of expf.
+__attribute__((target("avx512f"))) inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  const __m512 n = _mm512_roundscale_ps(
+      _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 r2 = _mm512_mul_ps(r, r);
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(y, n);
+}
+
+// Attention of `group` query heads (q, consecutive) over one KV head's
+// valid positions [0, len) (K, V: [len, D]), AVX-512, D a multiple of 16:
+// the same math as the portable loop below (softmax(q K^T * scale) V).
+// Each key row is read once for all the group's heads; exponentials are
+// vectorized over positions. `scores`: group * len floats of scratch.
+__attribute__((target("avx512f"))) void attend_avx512(
+    const float* q,
+    int group,
+    const float* K,
+    const float* V,
+    int len,
+    int D,
+    float scale,
+    float* scores,
+    float* out) {
+  const int dv = D / 16;
+  for (int j = 0; j < len; j++) {
+    const float* kr = K + size_t(j) * D;
+    for (int h = 0; h < group; h++) {
+      const float* qh = q + size_t(h) * D;
+      __m512 a0 = _mm512_mul_ps(_mm512_loadu_ps(qh), _mm512_loadu_ps(kr));
+      __m512 a1 = _mm512_setzero_ps();
+      for (int d = 1; d < dv; d++) {
+        if (d % 2)
+          a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * d), _mm512_loadu_ps(kr + 16 * d), a1);
+        else
+          a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * d), _mm512_loadu_ps(kr + 16 * d), a0);
+      }
+      scores[size_t(h) * len + j] = scale * _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    }
+  }
+  for (int h = 0; h < group; h++) {
+    float* sc = scores + size_t(h) * len;
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 16 <= len; j += 16)
+      mx = _mm512_max_ps(mx, _mm512_loadu_ps(sc + j));
+    float best = _mm512_reduce_max_ps(mx);
+    for (; j < len; j++)
+      best = std::max(best, sc[j]);
+    const __m512 bv = _mm512_set1_ps(best);
+    __m512 tv = _mm512_setzero_ps();
+    for (j = 0; j + 16 <= len; j += 16) {
+      const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(sc + j), bv));
+      _mm512_storeu_ps(sc + j, e);
+      tv = _mm512_add_ps(tv, e);
+    }
+    if (j < len) {
+      const __mmask16 m = __mmask16((1u << (len - j)) - 1);
+      const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + j), bv));
+      _mm512_mask_storeu_ps(sc + j, m, e);
+      tv = _mm512_add_ps(tv, _mm512_maskz_mov_ps(m, e));
+    }
+    const float inv = 1.0f / _mm512_reduce_add_ps(tv);
+    for (j = 0; j < len; j++)
+      sc[j] *= inv;
+  }
+  // Values: out[h] = sum_j p[h, j] V[j], D / 16 accumulators per head.
+  for (int h = 0; h < group; h++) {
+    const float* sc = scores + size_t(h) * len;
+    float* o = out + size_t(h) * D;
+    for (int d0 = 0; d0 < dv; d0 += 4) {
+      const int w = std::min(4, dv - d0);
+      __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                       _mm512_setzero_ps()};
+      for (int j = 0; j < len; j++) {
+        const __m512 p = _mm512_set1_ps(sc[j]);
+        const float* vr = V + size_t(j) * D + 16 * d0;
+        for (int u = 0; u < w; u++)
+          acc[u] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * u), acc[u]);
+      }
+      for (int u = 0; u < w; u++)
+        _mm512_storeu_ps(o + 16 * (d0 + u), acc[u]);
+    }
+  }
+}
+
+bool has_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+#endif
 
 inline float dot(const float* a, const float* b, int n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -178,8 +295,10 @@ void run(
     float* k = row + size_t(H) * D;
     const float* v = row + size_t(H + Hkv) * D;
     const int group = H / Hkv;
-    rope(q + size_t(g) * group * D, group, D, pos, inv_freq);
-    rope(k + size_t(g) * D, 1, D, pos, inv_freq);
+    std::vector<float> cs(D);
+    rope_table(pos, inv_freq, cs.data());
+    rope(q + size_t(g) * group * D, group, D, cs.data());
+    rope(k + size_t(g) * D, 1, D, cs.data());
     auto& kc = out[1 + 2 * r];
     auto& vc = out[2 + 2 * r];
     const int cap = kc.shape(2);
@@ -188,6 +307,22 @@ void run(
     std::copy(k + size_t(g) * D, k + size_t(g + 1) * D, K + size_t(pos) * D);
     std::copy(v + size_t(g) * D, v + size_t(g + 1) * D, V + size_t(pos) * D);
     const float scale = 1.0f / std::sqrt(float(D));
+#if defined(__x86_64__)
+    if (D % 16 == 0 && has_avx512()) {
+      std::vector<float> scores(size_t(group) * (pos + 1));
+      attend_avx512(
+          q + size_t(g) * group * D,
+          group,
+          K,
+          V,
+          pos + 1,
+          D,
+          scale,
+          scores.data(),
+          attn.data() + (size_t(r) * H + size_t(g) * group) * D);
+      return;
+    }
+#endif
     std::vector<float> scores(pos + 1), acc(D);
     for (int hq = g * group; hq < (g + 1) * group; hq++) {
       const float* qh = q + size_t(hq) * D;

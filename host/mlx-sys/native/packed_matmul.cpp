@@ -5,20 +5,23 @@
 // step (8-16 rows) is bound by float FMAs: each block of 32 weights is
 // dequantized to float32 and every row of x costs 2 FMAs of 16 lanes per
 // block (`block_f512` in quantized_matmul.cpp ran at ~80% of the FMA peak).
-// `vpdpwssd` (AVX-512 VNNI) does 32 int16 multiply-adds per instruction at
-// the FMA's rate, so int16 activations against the integer weight codes
-// halve the instructions per multiply-add. Integer products only pay if the
-// float work per block (convert, scale, bias) is shared by many outputs, so
-// the weights are repacked at load with 16 output rows side by side: one
-// 32-bit lane per output row, the x values broadcast. A group's integer sum
-// for 16 output rows is then one register, scaled once.
+// `vpdpbusd` (AVX-512 VNNI) does 64 u8 x s8 multiply-adds per instruction at
+// the FMA's rate. Integer products only pay if the float work per group
+// (convert, scale, bias) is shared by many outputs, so the weights are
+// repacked at load with 16 output rows side by side: one 32-bit lane per
+// output row, x broadcast. A group's integer sum for 16 output rows is then
+// one register, scaled once.
 //
-// Activations are rounded to int16 per weight group (d = max|x| / 32767):
-// 256x finer than llama.cpp's int8 (Q8) activations, whose per-block
-// rounding moved SmolLM2's logprobs by up to 0.33 nats against mlx-lm
-// (hidden states with outlier channels: the small channels of a block with
-// an outlier lost most of their bits). The bias term uses the float sum of
-// x, so the only rounding is x's (|error| <= d / 2 per element).
+// Precision: x is rounded per weight group to 24-bit integers (step
+// d = max|x| / 8355711, float32's own resolution), split into three int8
+// digits, one vpdpbusd each (21 multiply-adds per instruction, against 16
+// for a float FMA). Fewer bits were measured and rejected: llama.cpp's int8
+// activations (per block of 32) moved SmolLM2's logprobs by up to 0.33 nats
+// against mlx-lm; int16 per group (two digits, 32 per instruction) by
+// ~0.004 nats, which made the fused decode layer and the per-op graph,
+// whose inputs differ only in float rounding, disagree by 0.006 nats
+// (tests/tests/model.rs allows 0.005). With 24 bits the kernel equals the
+// float product to ~1e-6 relative. The bias term uses the float sum of x.
 //
 // Packed layout (`mlxhost_pack_quantized`): tiles of 16 output rows (the
 // last one padded with zero rows), each tile's groups in order; a group is
@@ -29,9 +32,10 @@
 //   4-bit: word r = elements e0..e7 of row r, element e_i in bits [4i, 4i+4)
 //          (8 consecutive elements of the group; 4 chunks per 32 elements);
 //   8-bit: word r = elements e0..e3, e_i in bits [8i, 8i + 8).
-// Unpacking a chunk into int16 pairs is an AND (and a shift): 4-bit lane
-// pairs (e_t, e_{t+4}) for t = 0..3, 8-bit (e_t, e_{t+2}) for t = 0..1; x is
-// rounded into the same pair order (`prepare_x`).
+// A 4-bit chunk unpacks with an AND and a shift into two u8 vectors (the
+// low nibbles: elements 0, 2, 4, 6 of each word; the high ones: 1, 3, 5, 7);
+// an 8-bit chunk is used as it is. x's digits are stored in that order
+// (`prepare_x`).
 
 #include <algorithm>
 #include <cmath>
@@ -175,20 +179,37 @@ void pack(
 
 namespace {
 
-// x [M, K] rounded to int16 per weight group, in the packed pair order:
-// q[m] holds K / 2 32-bit words (the pairs each vector lane multiplies),
-// d[m, g] the group's step, sum[m, g] the float sum of the group's x.
+// x [M, K] rounded per weight group to integers X of 24 bits
+// (|X| <= kXMax, step d = max|x| / kXMax: float32's own precision), each X
+// split into three balanced int8 digits X = 65536 a + 256 b + c (a, b, c in
+// [-128, 127]), so `vpdpbusd` (u8 weights x s8 digits, 4 per 32-bit lane)
+// computes each digit's integer sum and the group's sum is rebuilt in float.
+// q[m] holds, per position (one 32-bit word of 4 elements per digit), the
+// three digits' words: [pos][digit]. d[m, g] the step, sum[m, g] the float
+// sum of the group's x (the bias term).
+constexpr int kXMax = 127 * 65536 + 127 * 256 + 127; // 8355711
+
 struct PackedX {
   std::vector<int32_t> q;
   std::vector<float> d, sum;
 };
 
+// Element offsets (within a block of 8 for 4-bit, 4 for 8-bit weights) of
+// the 4 bytes a vector lane multiplies: 4-bit chunks unpack into the low
+// nibbles (elements 0, 2, 4, 6 of the word) and the high ones (1, 3, 5, 7);
+// an 8-bit word is its elements 0..3.
+inline int lane_element(int bits, int vec, int byte) {
+  return bits == 4 ? 2 * byte + vec : byte;
+}
+
 void prepare_x(const PackedProblem& p, PackedX& px) {
   const int groups = p.K / p.group;
-  px.q.resize(size_t(p.M) * p.K / 2);
+  const int per_word = 32 / p.bits; // elements per packed word (8 or 4)
+  const int vecs = p.bits == 4 ? 2 : 1; // vectors per packed word
+  px.q.resize(size_t(p.M) * p.K / 4 * 3);
   px.d.resize(size_t(p.M) * groups);
   px.sum.resize(size_t(p.M) * groups);
-  int16_t tmp[32];
+  std::vector<int32_t> X(p.group);
   for (int m = 0; m < p.M; m++) {
     const float* xr = p.x + size_t(m) * p.K;
     for (int g = 0; g < groups; g++) {
@@ -198,26 +219,28 @@ void prepare_x(const PackedProblem& p, PackedX& px) {
         amax = std::max(amax, std::fabs(xg[i]));
         sum += xg[i];
       }
-      const float d = amax / 32767.0f;
-      const float inv = amax > 0 ? 32767.0f / amax : 0.0f;
-      px.d[size_t(m) * groups + g] = d;
+      const float inv = amax > 0 ? float(kXMax) / amax : 0.0f;
+      px.d[size_t(m) * groups + g] = amax / float(kXMax);
       px.sum[size_t(m) * groups + g] = sum;
-      for (int b = 0; b < p.group; b += 32) {
-        for (int i = 0; i < 32; i++)
-          tmp[i] = int16_t(std::clamp(std::lrint(xg[b + i] * inv), -32767L, 32767L));
-        // 16 words per 32 elements, in the order the kernel consumes them.
-        int32_t* out = px.q.data() + (size_t(m) * p.K + size_t(g) * p.group + b) / 2;
-        int o = 0;
-        if (p.bits == 4) {
-          for (int c = 0; c < 4; c++)
-            for (int t = 0; t < 4; t++, o++)
-              out[o] = int32_t(uint16_t(tmp[8 * c + t])) |
-                  int32_t(uint32_t(uint16_t(tmp[8 * c + t + 4])) << 16);
-        } else {
-          for (int c = 0; c < 8; c++)
-            for (int t = 0; t < 2; t++, o++)
-              out[o] = int32_t(uint16_t(tmp[4 * c + t])) |
-                  int32_t(uint32_t(uint16_t(tmp[4 * c + t + 2])) << 16);
+      for (int i = 0; i < p.group; i++)
+        X[i] = int32_t(std::clamp(std::lrint(xg[i] * inv), -long(kXMax), long(kXMax)));
+      // Positions of this group: words in chunk order, vectors within.
+      int32_t* out = px.q.data() + (size_t(m) * p.K + size_t(g) * p.group) / 4 * 3;
+      for (int w = 0; w < p.group / per_word; w++) {
+        for (int v = 0; v < vecs; v++, out += 3) {
+          uint32_t dig[3] = {0, 0, 0};
+          for (int byte = 0; byte < 4; byte++) {
+            int32_t x = X[w * per_word + lane_element(p.bits, v, byte)];
+            const int32_t c = ((x + 128) & 255) - 128;
+            x = (x - c) / 256;
+            const int32_t bd = ((x + 128) & 255) - 128;
+            const int32_t a = (x - bd) / 256;
+            dig[0] |= uint32_t(uint8_t(int8_t(a))) << (8 * byte);
+            dig[1] |= uint32_t(uint8_t(int8_t(bd))) << (8 * byte);
+            dig[2] |= uint32_t(uint8_t(int8_t(c))) << (8 * byte);
+          }
+          for (int k = 0; k < 3; k++)
+            out[k] = int32_t(dig[k]);
         }
       }
     }
@@ -225,56 +248,54 @@ void prepare_x(const PackedProblem& p, PackedX& px) {
 }
 
 #if defined(__x86_64__)
-// One tile (16 output rows) against rows [m0, m0 + MC) of the prepared x.
-// Integer sums per group in acc (NA partial sums per row when MC is small,
-// so consecutive vpdpwssd do not wait on each other), then scaled into
-// float accumulators: y += s * d * sum(q_w q_x) + b * sum(x).
+// One tile (16 output rows) against rows [m0, m0 + MC) of the prepared x:
+// per group, three integer sums per row (one per digit; NA partial sums
+// when MC is small, so consecutive vpdpbusd do not wait on each other),
+// rebuilt as 65536 A + 256 B + C in float, then y += s * d * sum + b * sum(x).
 template <int BITS, int MC, bool F16>
-__attribute__((target("avx512f,avx512bw,avx512vnni,f16c"))) void tile_vnni(
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni(
     const PackedProblem& p,
     const PackedX& px,
     const uint8_t* tile,
     int m0,
     int n0) {
-  constexpr int NA = MC >= 4 ? 1 : (MC == 1 ? 4 : 2);
-  constexpr int VEC = BITS == 4 ? 4 : 2; // int16-pair vectors per chunk
+  constexpr int NA = MC == 1 ? 2 : 1;
+  constexpr int VEC = BITS == 4 ? 2 : 1; // vectors per chunk
   const int groups = p.K / p.group;
   const int chunks = p.group * BITS / 32; // per group
   const size_t gbytes = group_bytes(BITS, p.group, F16);
   const int32_t* xq[MC];
   for (int m = 0; m < MC; m++)
-    xq[m] = px.q.data() + size_t(m0 + m) * p.K / 2;
-  const __m512i mask = _mm512_set1_epi32(BITS == 4 ? 0x000F000F : 0x00FF00FF);
+    xq[m] = px.q.data() + size_t(m0 + m) * p.K / 4 * 3;
+  const __m512i nib = _mm512_set1_epi8(0x0F);
   __m512 accf[MC];
   for (int m = 0; m < MC; m++)
     accf[m] = _mm512_setzero_ps();
   for (int g = 0; g < groups; g++) {
     const uint8_t* gp = tile + size_t(g) * gbytes;
-    __m512i acc[MC][NA];
+    __m512i acc[MC][3][NA];
     for (int m = 0; m < MC; m++)
-      for (int a = 0; a < NA; a++)
-        acc[m][a] = _mm512_setzero_si512();
-    const int32_t* xg = nullptr;
-    (void)xg;
+      for (int k = 0; k < 3; k++)
+        for (int a = 0; a < NA; a++)
+          acc[m][k][a] = _mm512_setzero_si512();
+    const int32_t* xg[MC];
+    for (int m = 0; m < MC; m++)
+      xg[m] = xq[m] + size_t(g) * p.group / 4 * 3;
     for (int c = 0; c < chunks; c++) {
       const __m512i v = _mm512_loadu_si512(gp + size_t(c) * 64);
       __m512i w[VEC];
       if constexpr (BITS == 4) {
-        w[0] = _mm512_and_si512(v, mask);
-        w[1] = _mm512_and_si512(_mm512_srli_epi32(v, 4), mask);
-        w[2] = _mm512_and_si512(_mm512_srli_epi32(v, 8), mask);
-        w[3] = _mm512_and_si512(_mm512_srli_epi32(v, 12), mask);
+        w[0] = _mm512_and_si512(v, nib);
+        w[1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
       } else {
-        w[0] = _mm512_and_si512(v, mask);
-        w[1] = _mm512_and_si512(_mm512_srli_epi32(v, 8), mask);
+        w[0] = v;
       }
-      // This chunk's x words: VEC per chunk, consecutive.
-      const size_t xo = size_t(g) * p.group / 2 + size_t(c) * VEC;
-      for (int m = 0; m < MC; m++) {
-        for (int t = 0; t < VEC; t++) {
-          acc[m][(c * VEC + t) % NA] =
-              _mm512_dpwssd_epi32(acc[m][(c * VEC + t) % NA], w[t], _mm512_set1_epi32(xq[m][xo + t]));
-        }
+      for (int t = 0; t < VEC; t++) {
+        const int pos = c * VEC + t;
+        for (int m = 0; m < MC; m++)
+          for (int k = 0; k < 3; k++)
+            acc[m][k][pos % NA] = _mm512_dpbusd_epi32(
+                acc[m][k][pos % NA], w[t], _mm512_set1_epi32(xg[m][pos * 3 + k]));
       }
     }
     const uint8_t* sb = gp + size_t(chunks) * 64;
@@ -287,11 +308,18 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,f16c"))) void tile_vnni(
       b = _mm512_loadu_ps(reinterpret_cast<const float*>(sb + 64));
     }
     for (int m = 0; m < MC; m++) {
-      __m512i sum = acc[m][0];
-      for (int a = 1; a < NA; a++)
-        sum = _mm512_add_epi32(sum, acc[m][a]);
+      __m512i sum[3];
+      for (int k = 0; k < 3; k++) {
+        sum[k] = acc[m][k][0];
+        for (int a = 1; a < NA; a++)
+          sum[k] = _mm512_add_epi32(sum[k], acc[m][k][a]);
+      }
+      // 65536 A and 256 B are exact in float (|A| < 2^24 / 65536).
+      __m512 dot = _mm512_fmadd_ps(
+          _mm512_cvtepi32_ps(sum[0]), _mm512_set1_ps(65536.0f), _mm512_cvtepi32_ps(sum[2]));
+      dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[1]), _mm512_set1_ps(256.0f), dot);
       const size_t gi = size_t(m0 + m) * groups + g;
-      const __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(px.d[gi]));
+      dot = _mm512_mul_ps(dot, _mm512_set1_ps(px.d[gi]));
       accf[m] = _mm512_fmadd_ps(dot, s, accf[m]);
       accf[m] = _mm512_fmadd_ps(b, _mm512_set1_ps(px.sum[gi]), accf[m]);
     }
@@ -307,23 +335,21 @@ void tiles_vnni(const PackedProblem& p, const PackedX& px, int t0, int t1) {
   const size_t tbytes = size_t(p.K / p.group) * group_bytes(BITS, p.group, F16);
   for (int t = t0; t < t1; t++) {
     const uint8_t* tile = p.packed + size_t(t) * tbytes;
-    // Rows of x in blocks of up to 8 (the tile stays in L1 between blocks).
+    // Rows of x in blocks of up to 4 (3 digit accumulators each stay in
+    // registers; the tile stays in L1 between blocks).
     int m = 0;
-    for (; m + 8 <= p.M; m += 8)
-      tile_vnni<BITS, 8, F16>(p, px, tile, m, t * kTile);
+    for (; m + 4 <= p.M; m += 4)
+      tile_vnni<BITS, 4, F16>(p, px, tile, m, t * kTile);
     switch (p.M - m) {
-#define MLXHOST_CASE(R)                                   \
-  case R:                                                 \
-    tile_vnni<BITS, R, F16>(p, px, tile, m, t * kTile);   \
-    break;
-      MLXHOST_CASE(1)
-      MLXHOST_CASE(2)
-      MLXHOST_CASE(3)
-      MLXHOST_CASE(4)
-      MLXHOST_CASE(5)
-      MLXHOST_CASE(6)
-      MLXHOST_CASE(7)
-#undef MLXHOST_CASE
+      case 3:
+        tile_vnni<BITS, 3, F16>(p, px, tile, m, t * kTile);
+        break;
+      case 2:
+        tile_vnni<BITS, 2, F16>(p, px, tile, m, t * kTile);
+        break;
+      case 1:
+        tile_vnni<BITS, 1, F16>(p, px, tile, m, t * kTile);
+        break;
       default:
         break;
     }
@@ -331,13 +357,13 @@ void tiles_vnni(const PackedProblem& p, const PackedX& px, int t0, int t1) {
 }
 #endif
 
-// Portable reference of the same arithmetic (int16-rounded x, integer
-// sums per group): what the tests compare the SIMD kernel with, and what
-// runs where AVX-512 VNNI is missing.
+// Portable reference of the same arithmetic (x rounded to the same 24-bit
+// integers, exact integer sums per group): what the tests compare the SIMD
+// kernel with, and what runs where AVX-512 VNNI is missing.
 void tiles_portable(const PackedProblem& p, const PackedX& px, int t0, int t1) {
   const int groups = p.K / p.group;
   const int per_word = 32 / p.bits;
-  const int vec = p.bits == 4 ? 4 : 2;
+  const int vecs = p.bits == 4 ? 2 : 1;
   const int chunks = p.group / per_word;
   const size_t gbytes = group_bytes(p.bits, p.group, p.f16_scales);
   const size_t tbytes = size_t(groups) * gbytes;
@@ -345,20 +371,26 @@ void tiles_portable(const PackedProblem& p, const PackedX& px, int t0, int t1) {
   for (int t = t0; t < t1; t++) {
     const uint8_t* tile = p.packed + size_t(t) * tbytes;
     for (int m = 0; m < p.M; m++) {
-      const int32_t* xq = px.q.data() + size_t(m) * p.K / 2;
+      const int32_t* xq = px.q.data() + size_t(m) * p.K / 4 * 3;
       float acc[kTile] = {};
       for (int g = 0; g < groups; g++) {
         const uint8_t* gp = tile + size_t(g) * gbytes;
-        int32_t isum[kTile] = {};
+        const int32_t* xg = xq + size_t(g) * p.group / 4 * 3;
+        int64_t isum[kTile] = {};
         for (int c = 0; c < chunks; c++) {
           for (int r = 0; r < kTile; r++) {
             uint32_t word;
             std::memcpy(&word, gp + (size_t(c) * kTile + r) * 4, 4);
-            for (int tt = 0; tt < vec; tt++) {
-              const int32_t xw = xq[size_t(g) * p.group / 2 + size_t(c) * vec + tt];
-              const int32_t lo = (word >> (p.bits * tt)) & mask;
-              const int32_t hi = (word >> (p.bits * (tt + vec))) & mask;
-              isum[r] += lo * int16_t(xw & 0xFFFF) + hi * int16_t(uint32_t(xw) >> 16);
+            for (int v = 0; v < vecs; v++) {
+              const int32_t* dw = xg + size_t(c * vecs + v) * 3;
+              for (int byte = 0; byte < 4; byte++) {
+                const int e = lane_element(p.bits, v, byte);
+                const int64_t code = (word >> (p.bits * e)) & mask;
+                const int64_t x = int64_t(int8_t(uint32_t(dw[0]) >> (8 * byte))) * 65536 +
+                    int64_t(int8_t(uint32_t(dw[1]) >> (8 * byte))) * 256 +
+                    int64_t(int8_t(uint32_t(dw[2]) >> (8 * byte)));
+                isum[r] += code * x;
+              }
             }
           }
         }
@@ -419,6 +451,83 @@ void dequant_packed_rows(const PackedProblem& p, int n0, int n1, float* out) {
         for (int i = 0; i < per_word; i++)
           oc[i] = s * float((word >> (p.bits * i)) & mask) + b;
       }
+    }
+  }
+}
+
+namespace {
+
+#if defined(__x86_64__)
+// Tiles [t0, t1) dequantized column-wise: out[k * ld + (t - t0) * 16 + r] =
+// weight (16 t + r, k). One vector per element position holds the 16 rows
+// of a tile, so the packed layout dequantizes with no shuffles.
+template <int BITS, bool F16>
+__attribute__((target("avx512f,avx512bw"))) void
+cols_avx512(const PackedProblem& p, int t0, int t1, float* out, int ld) {
+  const int groups = p.K / p.group;
+  constexpr int PER = 32 / BITS; // elements per 32-bit word
+  const int chunks = p.group / PER;
+  const size_t gbytes = group_bytes(BITS, p.group, F16);
+  const __m512i mask = _mm512_set1_epi32(BITS == 4 ? 0x0F : 0xFF);
+  for (int t = t0; t < t1; t++) {
+    const uint8_t* tile = p.packed + size_t(t) * groups * gbytes;
+    float* col = out + size_t(t - t0) * kTile;
+    for (int g = 0; g < groups; g++) {
+      const uint8_t* gp = tile + size_t(g) * gbytes;
+      const uint8_t* sb = gp + size_t(chunks) * 64;
+      __m512 s, b;
+      if constexpr (F16) {
+        s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb)));
+        b = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 32)));
+      } else {
+        s = _mm512_loadu_ps(reinterpret_cast<const float*>(sb));
+        b = _mm512_loadu_ps(reinterpret_cast<const float*>(sb + 64));
+      }
+      for (int c = 0; c < chunks; c++) {
+        const __m512i v = _mm512_loadu_si512(gp + size_t(c) * 64);
+        float* o = col + (size_t(g) * p.group + size_t(c) * PER) * ld;
+        for (int i = 0; i < PER; i++) {
+          const __m512 q = _mm512_cvtepi32_ps(
+              _mm512_and_si512(_mm512_srli_epi32(v, unsigned(BITS * i)), mask));
+          // s * q + b rounded twice, as the MLX-layout dequantization and
+          // MLX's `dequantize` (the *_round forms are never contracted into
+          // an FMA by the compiler).
+          _mm512_storeu_ps(
+              o + size_t(i) * ld,
+              _mm512_add_round_ps(
+                  _mm512_mul_round_ps(q, s, _MM_FROUND_CUR_DIRECTION), b,
+                  _MM_FROUND_CUR_DIRECTION));
+        }
+      }
+    }
+  }
+}
+#endif
+
+} // namespace
+
+void dequant_packed_cols(const PackedProblem& p, int t0, int t1, float* out, int ld) {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+    if (p.bits == 4)
+      p.f16_scales ? cols_avx512<4, true>(p, t0, t1, out, ld)
+                   : cols_avx512<4, false>(p, t0, t1, out, ld);
+    else
+      p.f16_scales ? cols_avx512<8, true>(p, t0, t1, out, ld)
+                   : cols_avx512<8, false>(p, t0, t1, out, ld);
+    return;
+  }
+#endif
+  std::vector<float> row(p.K);
+  for (int t = t0; t < t1; t++) {
+    for (int r = 0; r < kTile; r++) {
+      const int n = t * kTile + r;
+      if (n < p.N)
+        dequant_packed_rows(p, n, n + 1, row.data());
+      else
+        std::fill(row.begin(), row.end(), 0.0f);
+      for (int k = 0; k < p.K; k++)
+        out[size_t(k) * ld + size_t(t - t0) * kTile + r] = row[k];
     }
   }
 }

@@ -30,7 +30,7 @@ pub enum Linear {
         spec: QuantSpec,
     },
     /// An MLX affine weight repacked for the CPU's integer kernel
-    /// ([`cpu_quant::pack`]: 16 output rows side by side, int16 activations
+    /// ([`cpu_quant::pack`]: 16 output rows side by side, 24-bit activations
     /// with AVX-512 VNNI). Only built on the quantized CPU path
     /// ([`cpu_quant::packing_enabled`]).
     Packed {
