@@ -125,6 +125,31 @@ __attribute__((target("avx512f"))) inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
+// r[l] = sum of the 16 lanes of v[l], for 16 vectors at once: pairs within
+// 128-bit lanes (unpack), then quads (shuffle), then across the four
+// 128-bit lanes (shuffle_f32x4); 45 instructions for 16 sums.
+__attribute__((target("avx512f"))) inline __m512 hsum16(const __m512* v) {
+  __m512 t[8], u[4];
+  for (int i = 0; i < 8; i++)
+    t[i] = _mm512_add_ps(
+        _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  // t[i], per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] (a = v[2i], b = v[2i+1]).
+  for (int i = 0; i < 4; i++)
+    u[i] = _mm512_add_ps(
+        _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+        _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // u[i], per 128-bit lane k: the lane-k sums of v[4i .. 4i + 3].
+  const __m512 x01 = _mm512_add_ps(
+      _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)),
+      _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 x23 = _mm512_add_ps(
+      _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(1, 0, 1, 0)),
+      _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(
+      _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(2, 0, 2, 0)),
+      _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 // Attention of `group` query heads (q, consecutive) over one KV head's
 // valid positions [0, len) (K, V: [len, D]), AVX-512, D a multiple of 16:
 // the same math as the portable loop below (softmax(q K^T * scale) V).
@@ -141,7 +166,28 @@ __attribute__((target("avx512f"))) void attend_avx512(
     float* scores,
     float* out) {
   const int dv = D / 16;
-  for (int j = 0; j < len; j++) {
+  // Scores 16 keys at a time: 16 partial-sum vectors reduced together
+  // (hsum16: ~3 instructions per key instead of a full horizontal sum
+  // each); the 16 key rows stay in L1 while every head of the group reads
+  // them. The last keys (len % 16) one at a time.
+  int j0 = 0;
+  for (; j0 + 16 <= len; j0 += 16) {
+    const float* kb = K + size_t(j0) * D;
+    for (int h = 0; h < group; h++) {
+      const float* qh = q + size_t(h) * D;
+      __m512 acc[16];
+      for (int l = 0; l < 16; l++)
+        acc[l] = _mm512_mul_ps(_mm512_loadu_ps(qh), _mm512_loadu_ps(kb + size_t(l) * D));
+      for (int d = 1; d < dv; d++) {
+        const __m512 qd = _mm512_loadu_ps(qh + 16 * d);
+        for (int l = 0; l < 16; l++)
+          acc[l] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(kb + size_t(l) * D + 16 * d), acc[l]);
+      }
+      _mm512_storeu_ps(
+          scores + size_t(h) * len + j0, _mm512_mul_ps(_mm512_set1_ps(scale), hsum16(acc)));
+    }
+  }
+  for (int j = j0; j < len; j++) {
     const float* kr = K + size_t(j) * D;
     for (int h = 0; h < group; h++) {
       const float* qh = q + size_t(h) * D;
