@@ -24,4 +24,7 @@ strip -o .gpu/mlxhost target/release/mlxhost && gzip -1 -c .gpu/mlxhost > .gpu/b
 tar czf .gpu/b/plugins.tgz plugins/*/*.wasm
 split -n 2 "$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf" .gpu/gguf.
 mv .gpu/gguf.aa .gpu/c/; mv .gpu/gguf.ab .gpu/d/
+# Optional: MLX's and the CUDA driver's kernel caches brought back from an earlier run
+# (`tar czf - /tmp/mlx /root/.nv/ComputeCache` there): a cold start compiles for ~200 s.
+if [ -f "$CACHE/device-jit/jit.tgz" ]; then mkdir -p .gpu/e; cp "$CACHE/device-jit/jit.tgz" .gpu/e/; fi
 du -sh .gpu/*

@@ -13,5 +13,6 @@ SITE=$(python3 -c 'import mlx, os; print(os.path.dirname(os.path.dirname(mlx.__p
 mkdir -p $G/lib && tar xzf $G/libs.tgz -C $G/lib
 gunzip -c $G/mlxhost.gz > $G/mlxhost && chmod +x $G/mlxhost
 tar xzf $G/plugins.tgz
+[ -f $G/jit.tgz ] && tar xzf $G/jit.tgz -C /
 mkdir -p $G/models && cat $G/gguf.aa $G/gguf.ab > $G/models/SmolLM2-135M-Instruct.Q4_1.gguf
 echo "export MLXHOST_BIN=$G/mlxhost GGUF=$G/models/SmolLM2-135M-Instruct.Q4_1.gguf MLX_DIR=$G/models/SmolLM2-135M-Instruct-mlx LD_LIBRARY_PATH=$SITE/mlx/lib:$G/lib MLXHOST_CACHE=$G/cache"
