@@ -147,7 +147,7 @@ def test_limits_on_counts_and_sizes_are_400s_naming_the_field(server, http):
 def strict():
     s = Server(
         "--header-timeout", "2", "--body-timeout", "2", "--request-timeout", "3",
-        "--memory-budget", "0.02", "--batch", "1", "--max-queue", "1",
+        "--memory-budget", "0.05", "--batch", "1", "--max-queue", "1",
     )
     yield s
     s.stop()
@@ -226,15 +226,16 @@ def test_the_request_timeout_stops_a_long_generation(strict):
         cancelled = ("mlxhost_generations_total", (("finish_reason", "cancelled"),))
         before = metrics(h).get(cancelled, 0)
         started = time.time()
-        r = h.post("/v1/chat/completions", json={"messages": chat("Tell a long story."), "max_tokens": 300, "temperature": 0})
-        # 300 tokens fit the memory budget but not 3 seconds of this CPU's decode.
+        r = h.post("/v1/chat/completions", json={"messages": chat("Tell a long story."), "max_tokens": 1000, "temperature": 0})
+        # 1000 tokens fit the memory budget (~46 KB of float32 KV per token) but not 3 seconds of
+        # this CPU's decode (~125 tok/s at best).
         err = openai_error(r, 504)
         assert "--request-timeout" in err["message"]
         assert time.time() - started < 30
         # Streamed: the stream ends with an error event instead.
         with h.stream(
             "POST", "/v1/chat/completions",
-            json={"messages": chat("Tell a long story."), "max_tokens": 300, "temperature": 0, "stream": True},
+            json={"messages": chat("Tell a long story."), "max_tokens": 1000, "temperature": 0, "stream": True},
         ) as s:
             lines = [l for l in s.iter_lines() if l.startswith("data: ")]
         assert "--request-timeout" in lines[-1] or "--request-timeout" in lines[-2], lines[-3:]

@@ -35,6 +35,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -885,6 +886,29 @@ int threads() {
 
 namespace {
 
+// The set-up every one-output CPU primitive here shares: refuses inputs that
+// are not row-contiguous (the kernels index raw buffers), allocates `out`,
+// registers the arrays with the stream's CPU encoder and dispatches `work`
+// on it. `what` names the op in the error.
+template <class Work>
+void dispatch_one_output(
+    const char* what,
+    mx::Stream s,
+    const std::vector<mx::array>& inputs,
+    mx::array& out,
+    Work&& work) {
+  for (const auto& a : inputs) {
+    if (!a.flags().row_contiguous)
+      throw std::runtime_error(std::string(what) + ": an input is not row-contiguous");
+  }
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(s);
+  for (const auto& a : inputs)
+    enc.set_input_array(a);
+  enc.set_output_array(out);
+  enc.dispatch(std::forward<Work>(work));
+}
+
 using mlxhost_cpu::Problem;
 
 class CpuQuantizedMatmul : public mx::Primitive {
@@ -893,17 +917,8 @@ class CpuQuantizedMatmul : public mx::Primitive {
       : mx::Primitive(s), bits_(bits), group_(group), variant_(variant) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    for (const auto& a : inputs) {
-      if (!a.flags().row_contiguous)
-        throw std::runtime_error("quantized matmul: an input is not row-contiguous");
-    }
     auto& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs)
-      enc.set_input_array(a);
-    enc.set_output_array(out);
-    enc.dispatch([inputs, out, bits = bits_, group = group_, variant = variant_]() mutable {
+    dispatch_one_output("quantized matmul", stream(), inputs, out, [inputs, out, bits = bits_, group = group_, variant = variant_]() mutable {
       const auto& x = inputs[0];
       const auto& w = inputs[1];
       Problem p;
@@ -1007,17 +1022,8 @@ class CpuPackedMatmul : public mx::Primitive {
       : mx::Primitive(s), n_(n), bits_(bits), group_(group), f16_(f16), variant_(variant) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    for (const auto& a : inputs) {
-      if (!a.flags().row_contiguous)
-        throw std::runtime_error("packed matmul: an input is not row-contiguous");
-    }
     auto& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs)
-      enc.set_input_array(a);
-    enc.set_output_array(out);
-    enc.dispatch([inputs, out, n = n_, bits = bits_, group = group_, f16 = f16_,
+    dispatch_one_output("packed matmul", stream(), inputs, out, [inputs, out, n = n_, bits = bits_, group = group_, f16 = f16_,
                   variant = variant_]() mutable {
       const auto& x = inputs[0];
       PackedProblem p;
@@ -1063,17 +1069,8 @@ class CpuPackedRows : public mx::Primitive {
       : mx::Primitive(s), n_(n), k_(k), bits_(bits), group_(group), f16_(f16) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    for (const auto& a : inputs) {
-      if (!a.flags().row_contiguous)
-        throw std::runtime_error("packed rows: an input is not row-contiguous");
-    }
     auto& out = outputs[0];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs)
-      enc.set_input_array(a);
-    enc.set_output_array(out);
-    enc.dispatch([inputs, out, n = n_, k = k_, bits = bits_, group = group_,
+    dispatch_one_output("packed rows", stream(), inputs, out, [inputs, out, n = n_, k = k_, bits = bits_, group = group_,
                   f16 = f16_]() mutable {
       PackedProblem p{};
       p.packed = inputs[1].data<uint8_t>();
