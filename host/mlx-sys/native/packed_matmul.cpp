@@ -319,6 +319,22 @@ void prepare_x(const PackedProblem& p, PackedX& px, bool vector) {
 // per group, three integer sums per row (one per digit; NA partial sums
 // when MC is small, so consecutive vpdpbusd do not wait on each other),
 // rebuilt as 65536 A + 256 B + C in float, then y += s * d * sum + b * sum(x).
+// A packed group's 16 scales and 16 biases (after its weight chunks at `sb`),
+// as float32 lanes: float16 or float32 as the weight was packed.
+template <bool F16>
+__attribute__((target("avx512f"))) inline void load_scales_biases(
+    const uint8_t* sb,
+    __m512& s,
+    __m512& b) {
+  if constexpr (F16) {
+    s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb)));
+    b = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 32)));
+  } else {
+    s = _mm512_loadu_ps(reinterpret_cast<const float*>(sb));
+    b = _mm512_loadu_ps(reinterpret_cast<const float*>(sb + 64));
+  }
+}
+
 template <int BITS, int MC, bool F16>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni(
     const PackedProblem& p,
@@ -367,13 +383,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni(
     }
     const uint8_t* sb = gp + size_t(chunks) * 64;
     __m512 s, b;
-    if constexpr (F16) {
-      s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb)));
-      b = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 32)));
-    } else {
-      s = _mm512_loadu_ps(reinterpret_cast<const float*>(sb));
-      b = _mm512_loadu_ps(reinterpret_cast<const float*>(sb + 64));
-    }
+    load_scales_biases<F16>(sb, s, b);
     for (int m = 0; m < MC; m++) {
       __m512i sum[3];
       for (int k = 0; k < 3; k++) {
@@ -543,13 +553,7 @@ cols_avx512(const PackedProblem& p, int t0, int t1, float* out, int ld) {
       const uint8_t* gp = tile + size_t(g) * gbytes;
       const uint8_t* sb = gp + size_t(chunks) * 64;
       __m512 s, b;
-      if constexpr (F16) {
-        s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb)));
-        b = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 32)));
-      } else {
-        s = _mm512_loadu_ps(reinterpret_cast<const float*>(sb));
-        b = _mm512_loadu_ps(reinterpret_cast<const float*>(sb + 64));
-      }
+      load_scales_biases<F16>(sb, s, b);
       for (int c = 0; c < chunks; c++) {
         const __m512i v = _mm512_loadu_si512(gp + size_t(c) * 64);
         float* o = col + (size_t(g) * p.group + size_t(c) * PER) * ld;
