@@ -456,3 +456,27 @@ fn prompt_cache_hits_beside_misses_equal_cold_runs() {
         );
     }
 }
+
+/// Both scenarios above again with decode rows in the batched KV slab (the
+/// decode path of GPU backends, `cache::slab`) on the CPU, each in a child
+/// process of this test binary: the switch is read once per process.
+#[test]
+fn batched_rows_equal_solo_rows_through_the_decode_slab() {
+    let exe = std::env::current_exe().expect("test binary path");
+    for name in [
+        "batched_rows_equal_solo_rows_with_joins_leaves_cancel_and_failures",
+        "prompt_cache_hits_beside_misses_equal_cold_runs",
+    ] {
+        let out = std::process::Command::new(&exe)
+            .args([name, "--exact", "--test-threads=1"])
+            .env("MLXHOST_DECODE_ATTENTION", "slab")
+            .output()
+            .expect("run the test binary");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "{name} through the decode slab failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -21,6 +21,7 @@
 
 use mlx_rs::{ops, ops::indexing::IndexOp, ops::indexing::TryIndexMutOp, Array, Dtype};
 
+use super::slab::SlabLink;
 use crate::model::error::Result;
 
 /// What one layer of a [`KvCache`] keeps.
@@ -69,10 +70,33 @@ impl LayerKv {
 }
 
 /// One row's KV cache over all layers.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct KvCache {
     layers: Vec<LayerKv>,
     offset: usize,
+    /// Set while the row decodes in the model's batched decode slab
+    /// ([`super::slab`]): the slab holds this row's keys and values, and
+    /// `layers` holds no buffers until [`KvCache::detach`].
+    slab: Option<SlabLink>,
+}
+
+impl Clone for KvCache {
+    /// A copy with buffers of its own (a row in the decode slab is read out
+    /// of it; the copy is never in the slab).
+    fn clone(&self) -> Self {
+        let mut layers = self.layers.clone();
+        if let Some(link) = &self.slab {
+            for (layer, (k, v)) in layers.iter_mut().zip(link.read()) {
+                layer.keys = Some(k);
+                layer.values = Some(v);
+            }
+        }
+        KvCache {
+            layers,
+            offset: self.offset,
+            slab: None,
+        }
+    }
 }
 
 impl KvCache {
@@ -100,6 +124,7 @@ impl KvCache {
                 })
                 .collect(),
             offset: 0,
+            slab: None,
         }
     }
 
@@ -125,7 +150,72 @@ impl KvCache {
                 })
                 .collect(),
             offset,
+            slab: None,
         }
+    }
+
+    /// Takes this row's keys and values back from the decode slab
+    /// ([`super::slab`]) into buffers of its own (`[1, H_kv, offset, D]`
+    /// copies, evaluated here: one device sync per retired row); nothing
+    /// when the row is not in the slab.
+    /// Every method that reads or writes the buffers calls it first; call
+    /// it before [`KvCache::layer_buffers`], [`KvCache::arrays`] and
+    /// [`KvCache::nbytes`], which take `&self`.
+    pub fn detach(&mut self) {
+        let Some(link) = self.slab.take() else {
+            return;
+        };
+        // Copies, evaluated now: a lazy slice would keep the whole slab
+        // (every row's columns) alive for as long as this cache lives, in
+        // the prompt cache say. If the copy cannot be built or evaluated,
+        // the slices stay (correct, only holding more memory).
+        let copy = |a: Array| -> Array {
+            Array::from_f32(0.0)
+                .as_dtype(a.dtype())
+                .and_then(|zero| ops::add(&a, &zero))
+                .unwrap_or(a)
+        };
+        let kv: Vec<(Array, Array)> = link
+            .read()
+            .into_iter()
+            .map(|(k, v)| (copy(k), copy(v)))
+            .collect();
+        drop(link);
+        let _ = mlx_rs::transforms::eval(kv.iter().flat_map(|(k, v)| [k, v]));
+        for (layer, (k, v)) in self.layers.iter_mut().zip(kv) {
+            layer.keys = Some(k);
+            layer.values = Some(v);
+            layer.start = 0;
+        }
+    }
+
+    /// The slab link, while the row is in the decode slab.
+    pub(super) fn slab_link(&self) -> Option<&SlabLink> {
+        self.slab.as_ref()
+    }
+
+    /// Hands this row's keys and values to the decode slab (which copied
+    /// them already): the own buffers go.
+    pub(super) fn link_to_slab(&mut self, link: SlabLink) {
+        for layer in &mut self.layers {
+            layer.keys = None;
+            layer.values = None;
+        }
+        self.slab = Some(link);
+    }
+
+    /// Per layer, the first `len` positions of the own buffers (`[1, H_kv,
+    /// len, D]`); empty when a layer was never written. Full-attention
+    /// layers only (slot i is position i).
+    pub(super) fn own_prefix(&self, len: usize) -> Vec<(Array, Array)> {
+        let len = len as i32;
+        self.layers
+            .iter()
+            .map_while(|l| {
+                let (k, v) = l.keys.as_ref().zip(l.values.as_ref())?;
+                Some((k.index((.., .., ..len, ..)), v.index((.., .., ..len, ..))))
+            })
+            .collect()
     }
 
     /// Per layer, the key and value buffers `[1, H_kv, capacity, D]`
@@ -190,6 +280,7 @@ impl KvCache {
     /// `[layer_start, offset + T)` (read [`KvCache::layer_start`] after the
     /// call); the caller masks what lies outside each query's window.
     pub fn update(&mut self, layer: usize, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        self.detach();
         let t = keys.shape()[2] as usize;
         let end = self.offset + t;
         if let LayerKind::SlidingWindow { window } = self.layers[layer].kind {
@@ -246,6 +337,7 @@ impl KvCache {
     /// out of the cache, for an op that writes them and hands back new ones
     /// ([`KvCache::put_layer`]).
     pub fn take_layer(&mut self, layer: usize, end: usize, like: &Array) -> Result<(Array, Array)> {
+        self.detach();
         self.reserve(layer, end, like)?;
         let slot = &mut self.layers[layer];
         match (slot.keys.take(), slot.values.take()) {
@@ -273,6 +365,7 @@ impl KvCache {
     /// entry's buffers; a decoding row whose cache is written in place
     /// (`model::decode_attention`) must own them alone.
     pub fn make_exclusive(&mut self) -> Result<()> {
+        self.detach();
         for slot in &mut self.layers {
             for buf in [&mut slot.keys, &mut slot.values].into_iter().flatten() {
                 // `x + 0` is exact, and its output is a fresh buffer (MLX
@@ -285,6 +378,7 @@ impl KvCache {
 
     /// Puts back `layer`'s buffers taken with [`KvCache::take_layer`].
     pub fn put_layer(&mut self, layer: usize, keys: Array, values: Array) {
+        self.detach();
         let slot = &mut self.layers[layer];
         slot.keys = Some(keys);
         slot.values = Some(values);
@@ -300,6 +394,7 @@ impl KvCache {
     /// [`KvCache::min_resume`] (see [`KvCache::reusable`]); a shorter one
     /// empties the cache instead, which is always valid.
     pub fn truncate(&mut self, len: usize) {
+        self.detach();
         if len < self.min_resume() {
             for slot in &mut self.layers {
                 slot.start = 0;
@@ -310,7 +405,8 @@ impl KvCache {
         self.offset = self.offset.min(len);
     }
 
-    /// Arrays to evaluate so the cache holds concrete data.
+    /// Arrays to evaluate so the cache holds concrete data (none while the
+    /// row is in the decode slab: the step's outputs depend on the slab).
     pub fn arrays(&self) -> Vec<&Array> {
         self.layers
             .iter()

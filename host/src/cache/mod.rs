@@ -6,6 +6,7 @@
 pub mod kv;
 pub mod prompt;
 pub mod responses;
+pub mod slab;
 pub mod ssd;
 pub mod tiers;
 

@@ -195,7 +195,14 @@ impl PromptCache {
     /// then the least recently used go until the cap holds. Returns the
     /// entry when it was not stored (the cache is disabled, or the entry is
     /// larger than the whole cap), so another tier can take it.
-    pub fn insert(&mut self, namespace: &str, tokens: Vec<u32>, kv: KvCache) -> Option<Snapshot> {
+    pub fn insert(
+        &mut self,
+        namespace: &str,
+        tokens: Vec<u32>,
+        mut kv: KvCache,
+    ) -> Option<Snapshot> {
+        // A row still in the decode slab brings its buffers out of it.
+        kv.detach();
         if tokens.is_empty() || kv.offset() != tokens.len() {
             return None;
         }

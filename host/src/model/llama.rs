@@ -23,6 +23,7 @@ use super::decode_layer::{decode_layer, FusedLayer, LayerShape};
 use super::error::{ModelError, Result};
 use super::linear::{Embedding, Linear};
 use super::ragged;
+use crate::cache::slab::{self, DecodeSlab, SlabStep};
 use crate::cache::{KvCache, LayerKind};
 
 /// Several projections of the same input, fused into one matrix product
@@ -149,6 +150,9 @@ pub struct Llama {
     /// [`Kernel::Float`]). The output head always takes the exact float32
     /// kernel: int8 activations there alone moved logprobs by ~0.09 nats.
     pub layer_kernel: Kernel,
+    /// Where decode rows keep their KV on GPU backends
+    /// ([`crate::cache::slab`]): one attention op per layer for all rows.
+    pub decode_slab: DecodeSlab,
 }
 
 /// One row of a ragged forward pass.
@@ -184,11 +188,12 @@ impl Llama {
         else {
             return Ok(ragged::no_logits(rows.len(), vocab));
         };
+        let mut slab = self.begin_slab_step(rows)?;
         let mut h = self.embed.lookup(&ids, self.dtype)?;
         let eps = self.config.rms_norm_eps;
         for (l, layer) in self.layers.iter().enumerate() {
             let x = fast::rms_norm(&h, Some(&layer.input_norm), eps)?;
-            let attn = self.attention(l, layer, &x, rows, &lens, &positions)?;
+            let attn = self.attention(l, layer, &x, rows, &lens, &positions, slab.as_mut())?;
             h = ops::add(&h, &layer.o_proj.forward_with(&attn, self.layer_kernel)?)?;
             let x = fast::rms_norm(&h, Some(&layer.post_attention_norm), eps)?;
             let gu = layer.gate_up.forward(&x, self.layer_kernel)?;
@@ -196,10 +201,41 @@ impl Llama {
             let act = ops::multiply(ops::multiply(gate, ops::sigmoid(gate)?)?, up)?;
             h = ops::add(&h, &layer.down_proj.forward_with(&act, self.layer_kernel)?)?;
         }
+        drop(slab);
         for (row, &t) in rows.iter_mut().zip(&lens) {
             row.cache.advance(t);
         }
         self.head(&h, rows, &lens)
+    }
+
+    /// Starts the step's use of the decode slab ([`crate::cache::slab`])
+    /// when it is enabled and some row decodes one token; a row feeding
+    /// more takes its KV back out of the slab first.
+    fn begin_slab_step(&self, rows: &mut [RowInput<'_>]) -> Result<Option<SlabStep<'_>>> {
+        if !slab::enabled() {
+            return Ok(None);
+        }
+        let mut decoding: Vec<&mut KvCache> = Vec::new();
+        for row in rows.iter_mut() {
+            if row.tokens.len() == 1 {
+                decoding.push(&mut *row.cache);
+            } else {
+                row.cache.detach();
+            }
+        }
+        if decoding.is_empty() {
+            return Ok(None);
+        }
+        let c = &self.config;
+        let like = ops::zeros_dtype(
+            &[1, c.num_key_value_heads as i32, 1, c.head_dim() as i32],
+            self.dtype,
+        )?;
+        Ok(Some(self.decode_slab.begin(
+            &mut decoding,
+            self.layers.len(),
+            &like,
+        )?))
     }
 
     /// Decode step through the fused layer op: every row feeds one token.
@@ -275,6 +311,7 @@ impl Llama {
     /// update and its attention; MLX's CPU backend pays tens of microseconds
     /// per op, which per-row head reshapes and RoPE multiplied by rows x
     /// layers.
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         l: usize,
@@ -283,6 +320,7 @@ impl Llama {
         rows: &mut [RowInput<'_>],
         lens: &[usize],
         positions: &Array,
+        slab: Option<&mut SlabStep<'_>>,
     ) -> Result<Array> {
         let c = &self.config;
         let d = c.head_dim() as i32;
@@ -299,12 +337,14 @@ impl Llama {
         let q = rope(&qkv[0], nh, layer.q_norm.as_ref())?;
         let k = rope(&qkv[1], nkv, layer.k_norm.as_ref())?;
         let v = qkv[2].reshape(&[n, nkv, 1, d])?;
-        // Rows decoding one token go through one batched op (CPU backend).
-        let decode: Vec<bool> = lens
-            .iter()
-            .map(|&t| t == 1 && super::decode_attention::enabled())
-            .collect();
-        let decoded = self.attend_decode_rows(l, &q, &k, &v, rows, lens, &decode)?;
+        // Rows decoding one token go through one batched op: the decode slab
+        // (GPU backends) or the in-place CPU op.
+        let batched = slab.is_some() || super::decode_attention::enabled();
+        let decode: Vec<bool> = lens.iter().map(|&t| t == 1 && batched).collect();
+        let decoded = match slab {
+            Some(step) => Some(self.attend_slab_rows(l, &q, &k, &v, lens, step)?),
+            None => self.attend_decode_rows(l, &q, &k, &v, rows, lens, &decode)?,
+        };
         let mut decoded_rows = 0i32;
         let mut outs = Vec::with_capacity(rows.len());
         let mut start = 0i32;
@@ -337,6 +377,25 @@ impl Llama {
             return Ok(outs.remove(0));
         }
         Ok(ops::concatenate(&outs, 0)?)
+    }
+
+    /// Layer `l`'s attention for the rows that feed one token, through the
+    /// decode slab: `[R, n_heads * D]` in row order.
+    fn attend_slab_rows(
+        &self,
+        l: usize,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        lens: &[usize],
+        step: &mut SlabStep<'_>,
+    ) -> Result<Array> {
+        let c = &self.config;
+        let d = c.head_dim() as i32;
+        let pick = decode_rows_picker(lens);
+        let out = step.attend(l, &pick(q)?, &pick(k)?, &pick(v)?, 1.0 / (d as f32).sqrt())?;
+        let rows = out.shape()[0];
+        Ok(out.reshape(&[rows, c.num_attention_heads as i32 * d])?)
     }
 
     /// The batched decode op over the rows flagged in `decode` (see
@@ -437,5 +496,24 @@ impl Llama {
     /// Bytes of parameter storage.
     pub fn nbytes(&self) -> usize {
         self.parameters().iter().map(|a| a.nbytes()).sum()
+    }
+}
+
+/// Picks, out of a packed `[N, ...]` tensor, the tokens of the rows that
+/// feed one token (`lens[r] == 1`), in row order (all of it when every row
+/// does).
+fn decode_rows_picker(lens: &[usize]) -> impl Fn(&Array) -> Result<Array> {
+    let mut index = Vec::new();
+    let mut start = 0i32;
+    for &t in lens {
+        if t == 1 {
+            index.push(start);
+        }
+        start += t as i32;
+    }
+    let idx = (index.len() != lens.len()).then(|| Array::from_slice(&index, &[index.len() as i32]));
+    move |a: &Array| match &idx {
+        None => Ok(a.clone()),
+        Some(idx) => Ok(a.take_axis(idx, 0)?),
     }
 }

@@ -17,6 +17,7 @@ use super::error::{ModelError, Result};
 use super::gemma3::{Gemma3, Gemma3Layer};
 use super::linear::{Embedding, Linear};
 use super::llama::{Layer, Llama, Projections};
+use crate::cache::slab::DecodeSlab;
 use crate::cache::LayerKind;
 
 /// Tensors by MLX name (`model.layers.0.self_attn.q_proj.weight`, ...).
@@ -359,6 +360,7 @@ pub fn build_llama(
         dtype: act,
         fused_decode: None,
         layer_kernel: ld.layer_kernel(),
+        decode_slab: DecodeSlab::default(),
     }
     .with_fused_decode())
 }
