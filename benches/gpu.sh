@@ -50,3 +50,9 @@ done
 
 echo "# 3. concurrency"
 python3 benches/concurrency.py mlxhost=http://127.0.0.1:18080 mlx_lm.server=http://127.0.0.1:18081
+
+echo "# 4. mlxhost's step time by batch size (GET /stats, all steps above: warm-up, prefill, decode)"
+curl -s http://127.0.0.1:18080/stats | python3 -c '
+import json, sys
+for s in json.load(sys.stdin)["batch"]["by_batch_size"]:
+    print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in s.items()}))'
