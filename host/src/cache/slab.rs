@@ -33,6 +33,7 @@ use mlx_rs::{
 };
 
 use super::kv::KvCache;
+use crate::model::cuda_decode_attention;
 use crate::model::error::Result;
 
 /// Whether decode rows attend through the slab: GPU backends unless
@@ -203,9 +204,11 @@ impl DecodeSlab {
         let n = rows.len() as i32;
         let slots: Vec<i32> = (0..n).collect();
         let cols: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
-        // Keys every row may see: columns up to its own new position.
+        // Keys every row may see: columns up to its own new position. On
+        // CUDA our kernel reads the lengths instead of a mask.
         let width = need;
-        let mask = (rows.len() > 1).then(|| {
+        let kernel = rows.len() > 1 && cuda_decode_attention::available();
+        let mask = (rows.len() > 1 && !kernel).then(|| {
             let bits: Vec<bool> = lens
                 .iter()
                 .flat_map(|&l| (0..width).map(move |c| c <= l))
@@ -218,6 +221,7 @@ impl DecodeSlab {
             cols: Array::from_slice(&cols, &[n]),
             width,
             mask,
+            kernel,
         })
     }
 
@@ -352,8 +356,10 @@ pub struct SlabStep<'a> {
     /// Columns any row attends over (the longest row's, plus its new one).
     width: usize,
     /// `[R, 1, 1, width]` bool: row r sees columns `<= cols[r]`; `None` for
-    /// one row.
+    /// one row, or when the CUDA kernel attends.
     mask: Option<Array>,
+    /// Attend through [`cuda_decode_attention`] (CUDA, several rows).
+    kernel: bool,
 }
 
 impl SlabStep<'_> {
@@ -380,6 +386,9 @@ impl SlabStep<'_> {
         let keys = self.write(keys, k)?;
         let values = self.write(values, v)?;
         self.state.layers[l] = (keys.clone(), values.clone());
+        if self.kernel {
+            return cuda_decode_attention::attend(q, &keys, &values, &self.cols, scale);
+        }
         let w = self.width as i32;
         let (keys, values) = if self.width < self.state.capacity {
             (

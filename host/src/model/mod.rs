@@ -7,6 +7,7 @@ pub mod chat_template;
 pub mod config;
 pub mod convert;
 pub mod cpu_quant;
+pub mod cuda_decode_attention;
 pub mod decode_attention;
 pub mod decode_layer;
 pub mod error;
@@ -17,6 +18,7 @@ pub mod gguf_file;
 pub mod linear;
 pub mod llama;
 pub mod ragged;
+pub mod swiglu;
 pub mod tokenizer;
 pub mod weights;
 

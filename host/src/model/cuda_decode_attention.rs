@@ -1,0 +1,312 @@
+//! Decode attention over the decode slab ([`crate::cache::slab`]) as one
+//! CUDA kernel of ours, JIT-compiled by MLX (`mlx::core::fast::cuda_kernel`,
+//! NVRTC). With several rows, MLX's fused SDPA on CUDA (`sdpa_vector`) takes
+//! no mask, so a masked call falls back to unfused ops (scale, two matrix
+//! products, the mask, softmax: several kernels per layer); on a GPU each
+//! kernel costs the host ~5 µs to encode and launch, more than the work.
+//! This kernel reads each row's own length instead of a mask: one launch
+//! per layer for all rows.
+//!
+//! Algorithm: one thread block per (query head, row), 4 warps; each warp
+//! walks every 4th key with an online softmax (running max and sum, as in
+//! FlashAttention, Dao et al. 2022, and MLX's `sdpa_vector`), each lane
+//! holding `D / 32` of the head dimension; the warps' partial results are
+//! merged through shared memory. Scores and sums in float32.
+//!
+//! Used only where [`available`] says so: a CUDA backend, and a first call
+//! ([`self_test`]) that compiled and matched MLX's masked SDPA on random
+//! inputs; otherwise the slab keeps the masked SDPA.
+//! `MLXHOST_SLAB_ATTENTION=sdpa` switches it off.
+
+use std::ffi::CString;
+use std::sync::OnceLock;
+
+use mlx_rs::{error::Exception, Array, Dtype, StreamOrDevice};
+
+use super::error::Result;
+
+const WARPS: i32 = 4;
+
+/// The kernel body (MLX writes the signature: `q`, `keys`, `values`,
+/// `lens`, `scale` in, `out` out; `T` and `D` are template constants).
+const SOURCE: &str = r#"
+  constexpr int WARPS = 4;
+  constexpr int PER = D / 32;
+  const int h = blockIdx.x;
+  const int r = blockIdx.y;
+  const int lane = threadIdx.x & 31;
+  const int w = threadIdx.x >> 5;
+  const int H = q_shape[1];
+  const int Hkv = keys_shape[1];
+  const int cap = keys_shape[2];
+  const int kvh = h / (H / Hkv);
+  const int n = lens[r] + 1;
+  const float sc = scale[0];
+  const T* qp = q + ((size_t)r * H + h) * D;
+  const size_t base = ((size_t)r * Hkv + kvh) * (size_t)cap * D;
+  const T* kp = keys + base;
+  const T* vp = values + base;
+  float qv[PER];
+  float o[PER];
+  for (int i = 0; i < PER; ++i) {
+    qv[i] = static_cast<float>(qp[lane * PER + i]) * sc;
+    o[i] = 0.0f;
+  }
+  float m = -inf;
+  float s = 0.0f;
+  for (int j = w; j < n; j += WARPS) {
+    const T* kj = kp + (size_t)j * D;
+    float dot = 0.0f;
+    for (int i = 0; i < PER; ++i) {
+      dot += qv[i] * static_cast<float>(kj[lane * PER + i]);
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      dot += __shfl_xor_sync(0xffffffff, dot, off);
+    }
+    const float m_new = fmaxf(m, dot);
+    const float corr = expf(m - m_new);
+    const float p = expf(dot - m_new);
+    s = s * corr + p;
+    const T* vj = vp + (size_t)j * D;
+    for (int i = 0; i < PER; ++i) {
+      o[i] = o[i] * corr + p * static_cast<float>(vj[lane * PER + i]);
+    }
+    m = m_new;
+  }
+  __shared__ float sm_m[WARPS];
+  __shared__ float sm_s[WARPS];
+  __shared__ float sm_o[WARPS][D];
+  if (lane == 0) {
+    sm_m[w] = m;
+    sm_s[w] = s;
+  }
+  for (int i = 0; i < PER; ++i) {
+    sm_o[w][lane * PER + i] = o[i];
+  }
+  __syncthreads();
+  if (w == 0) {
+    float M = -inf;
+    for (int k = 0; k < WARPS; ++k) {
+      M = fmaxf(M, sm_m[k]);
+    }
+    float S = 0.0f;
+    float acc[PER];
+    for (int i = 0; i < PER; ++i) {
+      acc[i] = 0.0f;
+    }
+    for (int k = 0; k < WARPS; ++k) {
+      const float c = (sm_m[k] == -inf) ? 0.0f : expf(sm_m[k] - M);
+      S += sm_s[k] * c;
+      for (int i = 0; i < PER; ++i) {
+        acc[i] += sm_o[k][lane * PER + i] * c;
+      }
+    }
+    T* op = out + ((size_t)r * H + h) * D;
+    for (int i = 0; i < PER; ++i) {
+      op[lane * PER + i] = static_cast<T>(acc[i] / S);
+    }
+  }
+"#;
+
+/// The compiled kernel handle (MLX caches the compiled module by name).
+struct Kernel(mlx_sys::mlx_fast_cuda_kernel);
+
+// SAFETY: the handle is an immutable description (name, source, argument
+// names) that MLX only reads; applying it from any thread is allowed.
+unsafe impl Send for Kernel {}
+unsafe impl Sync for Kernel {}
+
+fn kernel() -> &'static Kernel {
+    static K: OnceLock<Kernel> = OnceLock::new();
+    K.get_or_init(|| {
+        let name = CString::new("mlxhost_slab_decode_attention").expect("no NUL");
+        let source = CString::new(SOURCE).expect("no NUL");
+        let header = CString::new("").expect("no NUL");
+        let strings = |names: &[&str]| {
+            let owned: Vec<CString> = names
+                .iter()
+                .map(|n| CString::new(*n).expect("no NUL"))
+                .collect();
+            let mut ptrs: Vec<*const std::os::raw::c_char> =
+                owned.iter().map(|c| c.as_ptr()).collect();
+            // SAFETY: the pointers are valid NUL-terminated strings for the
+            // call; the vector copies them.
+            unsafe { mlx_sys::mlx_vector_string_new_data(ptrs.as_mut_ptr(), ptrs.len()) }
+        };
+        let inputs = strings(&["q", "keys", "values", "lens", "scale"]);
+        let outputs = strings(&["out"]);
+        // SAFETY: all arguments are valid for the call; the kernel copies
+        // the names and source; the string vectors are freed after.
+        let k = unsafe {
+            let k = mlx_sys::mlx_fast_cuda_kernel_new(
+                name.as_ptr(),
+                inputs,
+                outputs,
+                source.as_ptr(),
+                header.as_ptr(),
+                // MLX copies an input only when it is not row-contiguous.
+                true,
+                0,
+            );
+            mlx_sys::mlx_vector_string_free(inputs);
+            mlx_sys::mlx_vector_string_free(outputs);
+            k
+        };
+        Kernel(k)
+    })
+}
+
+/// Attention for `R` decode rows over the slab: `q: [R, H, 1, D]`,
+/// `keys`/`values: [R, H_kv, capacity, D]` (row-contiguous, the new token
+/// already written), `lens: [R]` int32 (row r sees columns `0..=lens[r]`),
+/// scores scaled by `scale`. Returns `[R, H, 1, D]` in `q`'s dtype.
+///
+/// Errors: MLX errors (a backend without CUDA, shapes that do not fit).
+pub fn attend(q: &Array, keys: &Array, values: &Array, lens: &Array, scale: f32) -> Result<Array> {
+    let (r, h, d) = (q.shape()[0], q.shape()[1], q.shape()[3]);
+    let q = q.reshape(&[r, h, 1, d])?;
+    let scale = Array::from_slice(&[scale], &[1]);
+    let stream = StreamOrDevice::default();
+    let handles = [
+        q.as_ptr(),
+        keys.as_ptr(),
+        values.as_ptr(),
+        lens.as_ptr(),
+        scale.as_ptr(),
+    ];
+    let shape = [r, h, 1, d];
+    let t = CString::new("T").expect("no NUL");
+    let dname = CString::new("D").expect("no NUL");
+    // SAFETY: every handle is alive for the call; the config and vectors
+    // are created and freed here; the output handle is wrapped in an
+    // `Array`, which frees it.
+    unsafe {
+        let config = mlx_sys::mlx_fast_cuda_kernel_config_new();
+        let mut status = mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(
+            config,
+            shape.as_ptr(),
+            shape.len(),
+            q.dtype() as mlx_sys::mlx_dtype,
+        );
+        status |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, h * 32 * WARPS, r, 1);
+        status |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(config, 32 * WARPS, 1, 1);
+        status |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_dtype(
+            config,
+            t.as_ptr(),
+            q.dtype() as mlx_sys::mlx_dtype,
+        );
+        status |=
+            mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(config, dname.as_ptr(), d);
+        let inputs = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), handles.len());
+        let mut outputs = mlx_sys::mlx_vector_array_new();
+        if status == 0 {
+            status = mlx_sys::mlx_fast_cuda_kernel_apply(
+                &mut outputs,
+                kernel().0,
+                inputs,
+                config,
+                stream.as_ref().as_ptr(),
+            );
+        }
+        let mut out = mlx_sys::mlx_array_new();
+        if status == 0 && mlx_sys::mlx_vector_array_size(outputs) == 1 {
+            status = mlx_sys::mlx_vector_array_get(&mut out, outputs, 0);
+        } else if status == 0 {
+            status = 1;
+        }
+        let out = Array::from_ptr(out);
+        mlx_sys::mlx_vector_array_free(outputs);
+        mlx_sys::mlx_vector_array_free(inputs);
+        mlx_sys::mlx_fast_cuda_kernel_config_free(config);
+        if status != 0 {
+            return Err(
+                Exception::custom("slab decode attention: the CUDA kernel was refused").into(),
+            );
+        }
+        Ok(out)
+    }
+}
+
+/// Whether the slab's multi-row attention uses [`attend`]: a CUDA backend,
+/// not switched off (`MLXHOST_SLAB_ATTENTION=sdpa`), and [`self_test`]
+/// passed (checked once, at the first call).
+pub fn available() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        if std::env::var("MLXHOST_SLAB_ATTENTION").as_deref() == Ok("sdpa")
+            || crate::runtime::backend_name() != "cuda"
+        {
+            return false;
+        }
+        match self_test() {
+            Ok(diff) if diff < 2e-2 => {
+                tracing::info!(max_diff = diff, "slab decode attention: CUDA kernel in use");
+                true
+            }
+            Ok(diff) => {
+                tracing::warn!(
+                    max_diff = diff,
+                    "slab decode attention: the CUDA kernel disagrees with MLX's SDPA; using SDPA"
+                );
+                false
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "slab decode attention: the CUDA kernel failed; using SDPA");
+                false
+            }
+        }
+    })
+}
+
+/// Runs [`attend`] on random float16 inputs (3 rows of different lengths,
+/// grouped-query heads, head dims 64 and 128) against MLX's SDPA under the
+/// equivalent mask; returns the largest absolute difference.
+///
+/// Errors: whatever the kernel or MLX raised.
+pub fn self_test() -> Result<f32> {
+    use mlx_rs::{fast, ops, random};
+    let mut worst = 0f32;
+    for d in [64, 128] {
+        let (r, h, hkv, cap) = (3, 6, 2, 40);
+        let lens_host = [0i32, 17, 39];
+        let rnd = |shape: &[i32]| -> Result<Array> {
+            Ok(random::normal::<f32>(shape, None, None, None)?.as_dtype(Dtype::Float16)?)
+        };
+        let q = rnd(&[r, h, 1, d])?;
+        let k = rnd(&[r, hkv, cap, d])?;
+        let v = rnd(&[r, hkv, cap, d])?;
+        let lens = Array::from_slice(&lens_host, &[r]);
+        let scale = 1.0 / (d as f32).sqrt();
+        let got = attend(&q, &k, &v, &lens, scale)?;
+        let bits: Vec<bool> = lens_host
+            .iter()
+            .flat_map(|&l| (0..cap).map(move |c| c <= l))
+            .collect();
+        let mask = Array::from_slice(&bits, &[r, 1, 1, cap]);
+        let want = fast::scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            scale,
+            fast::ScaledDotProductAttentionMask::Array(&mask),
+            None,
+        )?;
+        let diff = ops::abs(ops::subtract(
+            &got.as_dtype(Dtype::Float32)?,
+            &want.as_dtype(Dtype::Float32)?,
+        )?)?;
+        let diff = ops::max(&diff, None)?;
+        mlx_rs::transforms::eval([&diff])?;
+        let value = diff
+            .as_slice::<f32>()
+            .first()
+            .copied()
+            .unwrap_or(f32::INFINITY);
+        worst = worst.max(if value.is_finite() {
+            value
+        } else {
+            f32::INFINITY
+        });
+    }
+    Ok(worst)
+}
