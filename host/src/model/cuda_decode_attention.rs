@@ -32,6 +32,7 @@ const WARPS: i32 = 4;
 const SOURCE: &str = r#"
   constexpr int WARPS = 4;
   constexpr int PER = D / 32;
+  const float NEG_INF = -__int_as_float(0x7f800000);
   const int h = blockIdx.x;
   const int r = blockIdx.y;
   const int lane = threadIdx.x & 31;
@@ -42,8 +43,8 @@ const SOURCE: &str = r#"
   const int kvh = h / (H / Hkv);
   const int n = lens[r] + 1;
   const float sc = scale[0];
-  const T* qp = q + ((size_t)r * H + h) * D;
-  const size_t base = ((size_t)r * Hkv + kvh) * (size_t)cap * D;
+  const T* qp = q + ((long long)r * H + h) * D;
+  const long long base = ((long long)r * Hkv + kvh) * (long long)cap * D;
   const T* kp = keys + base;
   const T* vp = values + base;
   float qv[PER];
@@ -52,10 +53,10 @@ const SOURCE: &str = r#"
     qv[i] = static_cast<float>(qp[lane * PER + i]) * sc;
     o[i] = 0.0f;
   }
-  float m = -inf;
+  float m = NEG_INF;
   float s = 0.0f;
   for (int j = w; j < n; j += WARPS) {
-    const T* kj = kp + (size_t)j * D;
+    const T* kj = kp + (long long)j * D;
     float dot = 0.0f;
     for (int i = 0; i < PER; ++i) {
       dot += qv[i] * static_cast<float>(kj[lane * PER + i]);
@@ -67,7 +68,7 @@ const SOURCE: &str = r#"
     const float corr = expf(m - m_new);
     const float p = expf(dot - m_new);
     s = s * corr + p;
-    const T* vj = vp + (size_t)j * D;
+    const T* vj = vp + (long long)j * D;
     for (int i = 0; i < PER; ++i) {
       o[i] = o[i] * corr + p * static_cast<float>(vj[lane * PER + i]);
     }
@@ -85,7 +86,7 @@ const SOURCE: &str = r#"
   }
   __syncthreads();
   if (w == 0) {
-    float M = -inf;
+    float M = NEG_INF;
     for (int k = 0; k < WARPS; ++k) {
       M = fmaxf(M, sm_m[k]);
     }
@@ -95,13 +96,13 @@ const SOURCE: &str = r#"
       acc[i] = 0.0f;
     }
     for (int k = 0; k < WARPS; ++k) {
-      const float c = (sm_m[k] == -inf) ? 0.0f : expf(sm_m[k] - M);
+      const float c = (sm_m[k] == NEG_INF) ? 0.0f : expf(sm_m[k] - M);
       S += sm_s[k] * c;
       for (int i = 0; i < PER; ++i) {
         acc[i] += sm_o[k][lane * PER + i] * c;
       }
     }
-    T* op = out + ((size_t)r * H + h) * D;
+    T* op = out + ((long long)r * H + h) * D;
     for (int i = 0; i < PER; ++i) {
       op[lane * PER + i] = static_cast<T>(acc[i] / S);
     }

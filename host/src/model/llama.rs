@@ -198,7 +198,7 @@ impl Llama {
             let x = fast::rms_norm(&h, Some(&layer.post_attention_norm), eps)?;
             let gu = layer.gate_up.forward(&x, self.layer_kernel)?;
             let (gate, up) = (&gu[0], &gu[1]);
-            let act = super::swiglu::swiglu(gate, up)?;
+            let act = ops::multiply(ops::multiply(gate, ops::sigmoid(gate)?)?, up)?;
             h = ops::add(&h, &layer.down_proj.forward_with(&act, self.layer_kernel)?)?;
         }
         drop(slab);

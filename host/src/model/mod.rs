@@ -18,7 +18,6 @@ pub mod gguf_file;
 pub mod linear;
 pub mod llama;
 pub mod ragged;
-pub mod swiglu;
 pub mod tokenizer;
 pub mod weights;
 
