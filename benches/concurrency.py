@@ -10,7 +10,10 @@ plugin share of a step at each batch size from its /stats. Standard library only
 
 Usage: python concurrency.py NAME=URL [NAME=URL ...]
 Env: LEVELS (default "1 2 4 8 16"), MAX_TOKENS (64), ROUNDS (rounds per level, 1), TEMPERATURE
-(0: greedy), TOP_P (1.0), SEED (per-request seed base, sent only when TEMPERATURE > 0).
+(0: greedy), TOP_P (1.0), SEED (per-request seed base, sent only when TEMPERATURE > 0), WARMUP
+(1: one unmeasured round of every level on every server first; on a GPU a server that meets a
+batch size for the first time compiles kernels for it, which mlx_lm.server does not do before it
+is ready: its first round at C=4 or C=8 stalled for 6-9 s in some H200 runs and not in others).
 Prints one JSON line per (server, level), then a table and the ratios of the first server.
 """
 import json
@@ -30,6 +33,7 @@ ROUNDS = int(os.environ.get("ROUNDS", "1"))
 TEMPERATURE = float(os.environ.get("TEMPERATURE", "0"))
 TOP_P = float(os.environ.get("TOP_P", "1.0"))
 SEED = int(os.environ.get("SEED", "1"))
+WARMUP = os.environ.get("WARMUP", "0") == "1"
 TOPICS = ["a lighthouse keeper", "a baker", "a sailor", "a clockmaker", "a gardener", "a pilot",
           "a librarian", "a blacksmith"]
 counter = [0]
@@ -103,6 +107,10 @@ def main():
     servers = [a.split("=", 1) for a in sys.argv[1:]]
     for _, url in servers:  # one warm-up request each (first-use costs)
         stream_chat(url, body(0))
+    if WARMUP:
+        for c in LEVELS:
+            for _, url in servers:
+                level(url, c)
     rows = []
     for c in LEVELS:
         for name, url in servers:

@@ -49,7 +49,7 @@ for url in http://127.0.0.1:18080 http://127.0.0.1:18081; do
 done
 
 echo "# 3. concurrency"
-python3 benches/concurrency.py mlxhost=http://127.0.0.1:18080 mlx_lm.server=http://127.0.0.1:18081
+WARMUP="${WARMUP:-1}" python3 benches/concurrency.py mlxhost=http://127.0.0.1:18080 mlx_lm.server=http://127.0.0.1:18081
 
 echo "# 4. mlxhost's step time by batch size (GET /stats, all steps above: warm-up, prefill, decode)"
 curl -s http://127.0.0.1:18080/stats | python3 -c '
