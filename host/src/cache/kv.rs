@@ -81,8 +81,10 @@ pub struct KvCache {
 }
 
 impl Clone for KvCache {
-    /// A copy with buffers of its own (a row in the decode slab is read out
-    /// of it; the copy is never in the slab).
+    /// A copy that is never in the decode slab. A row in the slab is read
+    /// out of it as lazy slices, which keep that slab generation alive
+    /// until the copy is evaluated or dropped ([`KvCache::make_exclusive`]
+    /// on the copy gives it buffers of its own).
     fn clone(&self) -> Self {
         let mut layers = self.layers.clone();
         if let Some(link) = &self.slab {

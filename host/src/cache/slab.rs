@@ -125,6 +125,13 @@ impl Drop for SlabLink {
         if let Some((slot, _)) = s.slot_of(self.id) {
             s.members[slot] = None;
         }
+        // The last row gone: give the buffers back now, not at the next
+        // decode step (which may never come).
+        if s.parked.is_empty() && s.members.iter().all(Option::is_none) {
+            s.layers.clear();
+            s.members.clear();
+            s.capacity = 0;
+        }
     }
 }
 
@@ -163,6 +170,29 @@ impl SlabState {
 }
 
 impl DecodeSlab {
+    /// Whether `cache` is linked to a slab other than this one (another
+    /// model's); such a row must be detached before it joins this one.
+    pub fn is_foreign(&self, cache: &KvCache) -> bool {
+        cache
+            .slab_link()
+            .is_some_and(|l| !Arc::ptr_eq(&l.state, &self.state))
+    }
+
+    /// Whether rows of these cache offsets are worth one slab: its slots
+    /// all take the longest row's length, so a batch whose padding would
+    /// more than quadruple the KV its rows hold (one very long row beside
+    /// short ones) attends per row instead. Admission budgets each row by
+    /// its own length; this keeps the slab within a small factor of that.
+    pub fn worth_batching(lens: &[usize]) -> bool {
+        let Some(&longest) = lens.iter().max() else {
+            return false;
+        };
+        let step = KvCache::STEP;
+        let padded = lens.len() * (longest + 1).div_ceil(step) * step;
+        let held: usize = lens.iter().map(|l| l + 1).sum();
+        padded <= (4 * held).max(lens.len() * step)
+    }
+
     /// Starts a step whose decode rows are `rows` (in the step's row order;
     /// each row's cache offset is the position of the token it feeds) for a
     /// model of `num_layers` layers whose keys are shaped like `like`
@@ -207,7 +237,9 @@ impl DecodeSlab {
         // Keys every row may see: columns up to its own new position. On
         // CUDA our kernel reads the lengths instead of a mask.
         let width = need;
-        let kernel = rows.len() > 1 && cuda_decode_attention::available();
+        let head_dim = like.shape()[3];
+        let kernel =
+            rows.len() > 1 && head_dim % 32 == 0 && cuda_decode_attention::available(like.dtype());
         let mask = (rows.len() > 1 && !kernel).then(|| {
             let bits: Vec<bool> = lens
                 .iter()
@@ -241,27 +273,24 @@ impl DecodeSlab {
         let capacity = need.div_ceil(KvCache::STEP) * KvCache::STEP;
         let (h, d) = (like.shape()[1], like.shape()[3]);
         let dtype = like.dtype();
-        // Slots whose rows sit this step out: park them before the slab
-        // is replaced.
+        // Built first, committed only once every copy was built, so an MLX
+        // error leaves the slab (slots, parked rows) as it was.
         let staying: Vec<u64> = wanted.iter().flatten().copied().collect();
-        let leaving: Vec<(usize, Member)> = s
+        let leaving: Vec<(u64, Vec<(Array, Array)>)> = s
             .members
             .iter()
             .enumerate()
             .filter_map(|(slot, m)| m.filter(|m| !staying.contains(&m.id)).map(|m| (slot, m)))
-            .collect();
-        for (slot, m) in leaving {
-            let kv = s.slice_out(slot, m.len);
-            s.parked.insert(m.id, kv);
-        }
+            .map(|(slot, m)| Ok((m.id, own_copies(s.slice_out(slot, m.len))?)))
+            .collect::<Result<_>>()?;
         // Each row's source: its slot, its parked arrays, or its own buffers.
         let mut sources: Vec<Vec<(Array, Array)>> = Vec::with_capacity(rows.len());
-        for (row, id) in rows.iter_mut().zip(wanted) {
+        for (row, id) in rows.iter().zip(wanted) {
             let len = row.offset();
-            let kv = match id.and_then(|id| s.slot_of(id).map(|(slot, _)| (id, slot))) {
-                Some((_, slot)) => s.slice_out(slot, len),
-                None => match id.and_then(|id| s.parked.remove(&id)) {
-                    Some(kv) => kv,
+            let kv = match id.and_then(|id| s.slot_of(id)) {
+                Some((slot, _)) => s.slice_out(slot, len),
+                None => match id.and_then(|id| s.parked.get(&id)) {
+                    Some(kv) => kv.clone(),
                     None => row.own_prefix(len),
                 },
             };
@@ -279,6 +308,10 @@ impl DecodeSlab {
             }
             layers.push((concat0(ks)?, concat0(vs)?));
         }
+        for id in wanted.iter().flatten() {
+            s.parked.remove(id);
+        }
+        s.parked.extend(leaving);
         s.layers = layers;
         s.capacity = capacity;
         s.members.clear();
@@ -322,6 +355,15 @@ fn padded(
     }
 }
 
+/// `x + 0` of every array: lazy copies with buffers of their own, so a
+/// parked row does not keep a whole slab generation alive.
+fn own_copies(kv: Vec<(Array, Array)>) -> Result<Vec<(Array, Array)>> {
+    let copy = |a: &Array| -> Result<Array> {
+        Ok(ops::add(a, &Array::from_f32(0.0).as_dtype(a.dtype())?)?)
+    };
+    kv.iter().map(|(k, v)| Ok((copy(k)?, copy(v)?))).collect()
+}
+
 fn concat0(parts: Vec<Array>) -> Result<Array> {
     if parts.len() == 1 {
         return Ok(parts.into_iter().next().expect("one part"));
@@ -332,16 +374,21 @@ fn concat0(parts: Vec<Array>) -> Result<Array> {
 /// Adds [`KvCache::STEP`] columns (or more) so every slot holds `need`.
 fn grow(s: &mut SlabState, need: usize) -> Result<()> {
     let capacity = need.div_ceil(KvCache::STEP) * KvCache::STEP;
-    for (k, v) in &mut s.layers {
-        for a in [k, v] {
-            let sh = a.shape();
-            let tail = ops::zeros_dtype(
-                &[sh[0], sh[1], (capacity - s.capacity) as i32, sh[3]],
-                a.dtype(),
-            )?;
-            *a = ops::concatenate(&[a.clone(), tail], 2)?;
-        }
-    }
+    let widen = |a: &Array| -> Result<Array> {
+        let sh = a.shape();
+        let tail = ops::zeros_dtype(
+            &[sh[0], sh[1], (capacity - s.capacity) as i32, sh[3]],
+            a.dtype(),
+        )?;
+        Ok(ops::concatenate(&[a.clone(), tail], 2)?)
+    };
+    // Every layer first, then the swap: an error leaves the slab as it was.
+    let layers = s
+        .layers
+        .iter()
+        .map(|(k, v)| Ok((widen(k)?, widen(v)?)))
+        .collect::<Result<Vec<_>>>()?;
+    s.layers = layers;
     s.capacity = capacity;
     Ok(())
 }
@@ -595,6 +642,18 @@ mod tests {
         // A row that rejoins after its buffers came back out.
         step(&slab, &mut rows, &mut solo, &[2, 1]);
         drop(rows);
-        assert_eq!(lock(&slab.state).parked.len(), 0);
+        // The last row gone: the slab gives its buffers back.
+        let s = lock(&slab.state);
+        assert!(s.parked.is_empty() && s.members.is_empty() && s.layers.is_empty());
+    }
+
+    #[test]
+    fn a_very_long_row_beside_short_ones_is_not_worth_one_slab() {
+        assert!(DecodeSlab::worth_batching(&[10, 20, 30]));
+        assert!(DecodeSlab::worth_batching(&[1000, 900, 1100, 700]));
+        assert!(!DecodeSlab::worth_batching(&[
+            32_000, 10, 10, 10, 10, 10, 10, 10
+        ]));
+        assert!(!DecodeSlab::worth_batching(&[]));
     }
 }

@@ -41,7 +41,7 @@ const SOURCE: &str = r#"
   const int Hkv = keys_shape[1];
   const int cap = keys_shape[2];
   const int kvh = h / (H / Hkv);
-  const int n = lens[r] + 1;
+  const int n = min(lens[r] + 1, cap);
   const float sc = scale[0];
   const T* qp = q + ((long long)r * H + h) * D;
   const long long base = ((long long)r * Hkv + kvh) * (long long)cap * D;
@@ -228,54 +228,66 @@ pub fn attend(q: &Array, keys: &Array, values: &Array, lens: &Array, scale: f32)
     }
 }
 
-/// Whether the slab's multi-row attention uses [`attend`]: a CUDA backend,
-/// not switched off (`MLXHOST_SLAB_ATTENTION=sdpa`), and [`self_test`]
-/// passed (checked once, at the first call).
-pub fn available() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
+/// Whether the slab's multi-row attention uses [`attend`] for activations
+/// of `dtype`: a CUDA backend, not switched off
+/// (`MLXHOST_SLAB_ATTENTION=sdpa`), and [`self_test`] passed in that dtype
+/// (checked once per dtype, at its first use).
+pub fn available(dtype: Dtype) -> bool {
+    static F16: OnceLock<bool> = OnceLock::new();
+    static BF16: OnceLock<bool> = OnceLock::new();
+    static F32: OnceLock<bool> = OnceLock::new();
+    let cell = match dtype {
+        Dtype::Float16 => &F16,
+        Dtype::Bfloat16 => &BF16,
+        Dtype::Float32 => &F32,
+        _ => return false,
+    };
+    *cell.get_or_init(|| {
         if std::env::var("MLXHOST_SLAB_ATTENTION").as_deref() == Ok("sdpa")
             || crate::runtime::backend_name() != "cuda"
         {
             return false;
         }
-        match self_test() {
+        match self_test(dtype) {
             Ok(diff) if diff < 2e-2 => {
-                tracing::info!(max_diff = diff, "slab decode attention: CUDA kernel in use");
+                tracing::info!(?dtype, max_diff = diff, "slab decode attention: CUDA kernel in use");
                 true
             }
             Ok(diff) => {
                 tracing::warn!(
+                    ?dtype,
                     max_diff = diff,
                     "slab decode attention: the CUDA kernel disagrees with MLX's SDPA; using SDPA"
                 );
                 false
             }
             Err(e) => {
-                tracing::warn!(error = %e, "slab decode attention: the CUDA kernel failed; using SDPA");
+                tracing::warn!(?dtype, error = %e, "slab decode attention: the CUDA kernel failed; using SDPA");
                 false
             }
         }
     })
 }
 
-/// Runs [`attend`] on random float16 inputs (3 rows of different lengths,
-/// grouped-query heads, head dims 64 and 128) against MLX's SDPA under the
-/// equivalent mask; returns the largest absolute difference.
+/// Runs [`attend`] on random inputs of `dtype` (3 rows of different
+/// lengths, grouped-query heads, head dims 64 and 128) against MLX's SDPA
+/// under the equivalent mask; returns the largest absolute difference. Uses
+/// its own random key, so the global generator is not advanced.
 ///
 /// Errors: whatever the kernel or MLX raised.
-pub fn self_test() -> Result<f32> {
+pub fn self_test(dtype: Dtype) -> Result<f32> {
     use mlx_rs::{fast, ops, random};
     let mut worst = 0f32;
     for d in [64, 128] {
         let (r, h, hkv, cap) = (3, 6, 2, 40);
         let lens_host = [0i32, 17, 39];
-        let rnd = |shape: &[i32]| -> Result<Array> {
-            Ok(random::normal::<f32>(shape, None, None, None)?.as_dtype(Dtype::Float16)?)
+        let rnd = |shape: &[i32], salt: u32| -> Result<Array> {
+            let k = random::key(0x5eed + u64::from(salt) + d as u64)?;
+            Ok(random::normal::<f32>(shape, None, None, &k)?.as_dtype(dtype)?)
         };
-        let q = rnd(&[r, h, 1, d])?;
-        let k = rnd(&[r, hkv, cap, d])?;
-        let v = rnd(&[r, hkv, cap, d])?;
+        let q = rnd(&[r, h, 1, d], 1)?;
+        let k = rnd(&[r, hkv, cap, d], 2)?;
+        let v = rnd(&[r, hkv, cap, d], 3)?;
         let lens = Array::from_slice(&lens_host, &[r]);
         let scale = 1.0 / (d as f32).sqrt();
         let got = attend(&q, &k, &v, &lens, scale)?;

@@ -14,7 +14,8 @@
 //! [`KvCache::make_exclusive`]: crate::cache::KvCache::make_exclusive
 //!
 //! Chosen only on the CPU backend (GPU backends keep MLX's own kernels) and
-//! unless `MLXHOST_DECODE_ATTENTION=per-row` (a benchmarking switch).
+//! unless `MLXHOST_DECODE_ATTENTION` is `per-row` (a benchmarking switch) or `slab` (the
+//! decode slab, `cache::slab`, instead).
 
 use std::sync::OnceLock;
 
@@ -27,7 +28,10 @@ pub fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
         !crate::runtime::gpu_available()
-            && std::env::var("MLXHOST_DECODE_ATTENTION").as_deref() != Ok("per-row")
+            && !matches!(
+                std::env::var("MLXHOST_DECODE_ATTENTION").as_deref(),
+                Ok("per-row") | Ok("slab")
+            )
     })
 }
 

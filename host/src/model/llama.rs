@@ -215,9 +215,21 @@ impl Llama {
         if !slab::enabled() {
             return Ok(None);
         }
+        let lens: Vec<usize> = rows
+            .iter()
+            .filter(|r| r.tokens.len() == 1)
+            .map(|r| r.cache.offset())
+            .collect();
+        // Rows outside the slab this step (prompt chunks, or every row when
+        // the slab would be mostly padding) take their KV back first; so do
+        // rows of another model's slab.
+        let batch = DecodeSlab::worth_batching(&lens);
         let mut decoding: Vec<&mut KvCache> = Vec::new();
         for row in rows.iter_mut() {
-            if row.tokens.len() == 1 {
+            if batch && row.tokens.len() == 1 {
+                if self.decode_slab.is_foreign(row.cache) {
+                    row.cache.detach();
+                }
                 decoding.push(&mut *row.cache);
             } else {
                 row.cache.detach();
