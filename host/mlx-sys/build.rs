@@ -117,6 +117,11 @@ fn main() {
             "-include{}",
             native.join("format_compat.h").display()
         ));
+        // No CPU BLAS linked (the NVIDIA build): the kernels' prefill
+        // products use their own plain loop (quantized_matmul.cpp).
+        if env::var_os("CARGO_FEATURE_OPENBLAS").is_none() {
+            kernels.define("MLXHOST_NO_CBLAS", None);
+        }
     }
     kernels.compile("mlxhost_kernels");
 

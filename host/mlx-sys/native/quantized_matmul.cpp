@@ -55,7 +55,50 @@
 
 namespace mx = mlx::core;
 
-// BLAS (CBLAS interface), provided by OpenBLAS or by libmlx's own BLAS.
+namespace mlxhost_cpu {
+
+constexpr int kCblasRowMajor = 101;
+constexpr int kCblasNoTrans = 111;
+constexpr int kCblasTrans = 112;
+
+} // namespace mlxhost_cpu
+
+#if defined(MLXHOST_NO_CBLAS)
+// Built without a CPU BLAS (the `openblas` feature off: the NVIDIA build,
+// whose GPU path never runs these CPU kernels; the CPU wheel's libmlx does
+// not export its BLAS). A plain product for the two calls below (row-major,
+// A not transposed), correct but without BLAS's speed.
+static void cblas_sgemm(
+    int /*order*/,
+    int /*trans_a*/,
+    int trans_b,
+    int m,
+    int n,
+    int k,
+    float alpha,
+    const float* a,
+    int lda,
+    const float* b,
+    int ldb,
+    float beta,
+    float* c,
+    int ldc) {
+  const bool bt = trans_b == mlxhost_cpu::kCblasTrans;
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      float acc = 0.0f;
+      for (int p = 0; p < k; ++p) {
+        const float bv = bt ? b[size_t(j) * ldb + p] : b[size_t(p) * ldb + j];
+        acc += a[size_t(i) * lda + p] * bv;
+      }
+      float& out = c[size_t(i) * ldc + j];
+      out = beta == 0.0f ? alpha * acc : alpha * acc + beta * out;
+    }
+  }
+}
+#else
+// BLAS (CBLAS interface), provided by OpenBLAS (the `openblas` feature) or
+// Accelerate on macOS.
 extern "C" void cblas_sgemm(
     int order,
     int trans_a,
@@ -71,12 +114,9 @@ extern "C" void cblas_sgemm(
     float beta,
     float* c,
     int ldc);
+#endif
 
 namespace mlxhost_cpu {
-
-constexpr int kCblasRowMajor = 101;
-constexpr int kCblasNoTrans = 111;
-constexpr int kCblasTrans = 112;
 
 // Largest row count computed straight from the packed weights; more rows go
 // through tile dequantization and BLAS (see `mlxhost_quantized_matmul_max_rows`).
