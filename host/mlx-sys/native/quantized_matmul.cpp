@@ -68,21 +68,10 @@ constexpr int kCblasTrans = 112;
 // whose GPU path never runs these CPU kernels; the CPU wheel's libmlx does
 // not export its BLAS). A plain product for the two calls below (row-major,
 // A not transposed), correct but without BLAS's speed.
-static void cblas_sgemm(
-    int /*order*/,
-    int /*trans_a*/,
-    int trans_b,
-    int m,
-    int n,
-    int k,
-    float alpha,
-    const float* a,
-    int lda,
-    const float* b,
-    int ldb,
-    float beta,
-    float* c,
-    int ldc) {
+// (Same parameters as CBLAS's `cblas_sgemm`; order and trans_a unused.)
+static void cblas_sgemm(int, int, int trans_b, int m, int n, int k, float alpha,
+                        const float* a, int lda, const float* b, int ldb, float beta,
+                        float* c, int ldc) {
   const bool bt = trans_b == mlxhost_cpu::kCblasTrans;
   for (int i = 0; i < m; ++i) {
     for (int j = 0; j < n; ++j) {
