@@ -15,6 +15,8 @@ as one JSON line `{"step": ..., "ok": ...}`; the exit status is 1 when any step 
               record until a near-tie (top-2 margin < 0.1 = twice the tolerance, on either
               side), logprobs of equal tokens within 0.1 (each path is within 0.05 of mlx-lm)
             - the same requests 8 at a time (batched) equal each one alone (0.05)
+            - the batched rows attended through mlxhost's CUDA kernel (its self-test passed;
+              skipped with --record)
             - plugin ops: seeded sampling (top-p/top-k/min-p) repeatable, logit_bias, penalties,
               the mirostat sampler, the DRY processor, top_logprobs
             - `mlxhost generate` equals the server's greedy text
@@ -241,6 +243,13 @@ def serve_checks(args, record):
             if not ok:
                 report(f"serve.batched_vs_alone[{i}]", False, why=why)
         report("serve.batched_vs_alone", all(worst), rows=len(msgs))
+        # Those rows attended through mlxhost's CUDA kernel (model::cuda_decode_attention) unless
+        # its start-up self-test failed and MLX's SDPA took over: say which, from the server log.
+        s.log.flush()
+        lines = [l for l in open(s.log.name).read().splitlines() if "slab decode attention" in l]
+        used = any("CUDA kernel in use" in l for l in lines)
+        report("serve.slab_attention_kernel", used or args.record is not None,
+               why=(lines[0][-300:] if lines else "no slab attention line in the server log"))
 
         plugin_checks(s, msgs[0])
 
