@@ -171,12 +171,7 @@ impl KvCache {
         // (every row's columns) alive for as long as this cache lives, in
         // the prompt cache say. If the copy cannot be built or evaluated,
         // the slices stay (correct, only holding more memory).
-        let copy = |a: Array| -> Array {
-            Array::from_f32(0.0)
-                .as_dtype(a.dtype())
-                .and_then(|zero| ops::add(&a, &zero))
-                .unwrap_or(a)
-        };
+        let copy = |a: Array| fresh_copy(&a).unwrap_or(a);
         let kv: Vec<(Array, Array)> = link
             .read()
             .into_iter()
@@ -370,9 +365,7 @@ impl KvCache {
         self.detach();
         for slot in &mut self.layers {
             for buf in [&mut slot.keys, &mut slot.values].into_iter().flatten() {
-                // `x + 0` is exact, and its output is a fresh buffer (MLX
-                // reuses an input's buffer only when nothing else holds it).
-                *buf = ops::add(&*buf, &Array::from_f32(0.0).as_dtype(buf.dtype())?)?;
+                *buf = fresh_copy(buf)?;
             }
         }
         Ok(())
@@ -422,13 +415,27 @@ impl KvCache {
     }
 }
 
-/// New buffer `[1, H, new_cap, D]` holding the first `valid` positions of `old`.
-fn grow(old: Option<Array>, like: &Array, valid: usize, new_cap: usize) -> Result<Array> {
+/// `a + 0`: exact, and a lazy copy with a buffer of its own once evaluated
+/// (MLX reuses an input's buffer only when nothing else holds it), so it
+/// no longer keeps `a`'s storage alive.
+pub(super) fn fresh_copy(a: &Array) -> Result<Array> {
+    Ok(ops::add(a, &Array::from_f32(0.0).as_dtype(a.dtype())?)?)
+}
+
+/// New buffer `[B, H, new_cap, D]` (B, H, D and the dtype of `like`)
+/// holding the first `valid` positions of `old`, cast to that dtype (zeros
+/// after them, or everywhere without `old`).
+pub(super) fn grow(
+    old: Option<Array>,
+    like: &Array,
+    valid: usize,
+    new_cap: usize,
+) -> Result<Array> {
     let shape = like.shape();
     let dtype: Dtype = like.dtype();
     match old {
         Some(old) if valid > 0 => {
-            let kept = old.index((.., .., ..valid as i32, ..));
+            let kept = old.index((.., .., ..valid as i32, ..)).as_dtype(dtype)?;
             let tail = ops::zeros_dtype(
                 &[shape[0], shape[1], (new_cap - valid) as i32, shape[3]],
                 dtype,

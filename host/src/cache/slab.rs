@@ -29,10 +29,10 @@ use mlx_rs::{
     error::Exception,
     fast::{self, ScaledDotProductAttentionMask},
     ops::{self, indexing::IndexOp},
-    Array, Dtype, StreamOrDevice,
+    Array, StreamOrDevice,
 };
 
-use super::kv::KvCache;
+use super::kv::{fresh_copy, grow, KvCache};
 use crate::model::cuda_decode_attention;
 use crate::model::error::Result;
 
@@ -224,7 +224,7 @@ impl DecodeSlab {
         if !steady {
             self.rebuild(&mut s, rows, &wanted, num_layers, like, need)?;
         } else if need > s.capacity {
-            grow(&mut s, need)?;
+            widen(&mut s, need)?;
         }
         for (m, &len) in s.members.iter_mut().zip(&lens) {
             if let Some(m) = m {
@@ -271,8 +271,6 @@ impl DecodeSlab {
         need: usize,
     ) -> Result<()> {
         let capacity = need.div_ceil(KvCache::STEP) * KvCache::STEP;
-        let (h, d) = (like.shape()[1], like.shape()[3]);
-        let dtype = like.dtype();
         // Built first, committed only once every copy was built, so an MLX
         // error leaves the slab (slots, parked rows) as it was.
         let staying: Vec<u64> = wanted.iter().flatten().copied().collect();
@@ -303,8 +301,8 @@ impl DecodeSlab {
             for (src, row) in sources.iter().zip(rows.iter()) {
                 let len = row.offset();
                 let pair = src.get(l);
-                ks.push(padded(pair.map(|p| &p.0), len, capacity, h, d, dtype)?);
-                vs.push(padded(pair.map(|p| &p.1), len, capacity, h, d, dtype)?);
+                ks.push(grow(pair.map(|p| p.0.clone()), like, len, capacity)?);
+                vs.push(grow(pair.map(|p| p.1.clone()), like, len, capacity)?);
             }
             layers.push((concat0(ks)?, concat0(vs)?));
         }
@@ -336,32 +334,12 @@ impl DecodeSlab {
     }
 }
 
-/// `[1, H, len, D]` keys (or none when `len` is 0) as `[1, H, capacity, D]`.
-fn padded(
-    a: Option<&Array>,
-    len: usize,
-    capacity: usize,
-    h: i32,
-    d: i32,
-    dtype: Dtype,
-) -> Result<Array> {
-    let zeros = |cols: usize| ops::zeros_dtype(&[1, h, cols as i32, d], dtype);
-    match a {
-        Some(a) if len > 0 => {
-            let a = a.index((.., .., ..len as i32, ..)).as_dtype(dtype)?;
-            Ok(ops::concatenate(&[a, zeros(capacity - len)?], 2)?)
-        }
-        _ => Ok(zeros(capacity)?),
-    }
-}
-
-/// `x + 0` of every array: lazy copies with buffers of their own, so a
-/// parked row does not keep a whole slab generation alive.
+/// Copies of a parked row's arrays ([`fresh_copy`]), so it does not keep a
+/// whole slab generation alive.
 fn own_copies(kv: Vec<(Array, Array)>) -> Result<Vec<(Array, Array)>> {
-    let copy = |a: &Array| -> Result<Array> {
-        Ok(ops::add(a, &Array::from_f32(0.0).as_dtype(a.dtype())?)?)
-    };
-    kv.iter().map(|(k, v)| Ok((copy(k)?, copy(v)?))).collect()
+    kv.iter()
+        .map(|(k, v)| Ok((fresh_copy(k)?, fresh_copy(v)?)))
+        .collect()
 }
 
 fn concat0(parts: Vec<Array>) -> Result<Array> {
@@ -372,21 +350,14 @@ fn concat0(parts: Vec<Array>) -> Result<Array> {
 }
 
 /// Adds [`KvCache::STEP`] columns (or more) so every slot holds `need`.
-fn grow(s: &mut SlabState, need: usize) -> Result<()> {
+fn widen(s: &mut SlabState, need: usize) -> Result<()> {
     let capacity = need.div_ceil(KvCache::STEP) * KvCache::STEP;
-    let widen = |a: &Array| -> Result<Array> {
-        let sh = a.shape();
-        let tail = ops::zeros_dtype(
-            &[sh[0], sh[1], (capacity - s.capacity) as i32, sh[3]],
-            a.dtype(),
-        )?;
-        Ok(ops::concatenate(&[a.clone(), tail], 2)?)
-    };
+    let wider = |a: &Array| grow(Some(a.clone()), a, s.capacity, capacity);
     // Every layer first, then the swap: an error leaves the slab as it was.
     let layers = s
         .layers
         .iter()
-        .map(|(k, v)| Ok((widen(k)?, widen(v)?)))
+        .map(|(k, v)| Ok((wider(k)?, wider(v)?)))
         .collect::<Result<Vec<_>>>()?;
     s.layers = layers;
     s.capacity = capacity;

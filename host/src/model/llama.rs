@@ -355,7 +355,8 @@ impl Llama {
         let decode: Vec<bool> = lens.iter().map(|&t| t == 1 && batched).collect();
         let decoded = match slab {
             Some(step) => Some(self.attend_slab_rows(l, &q, &k, &v, lens, step)?),
-            None => self.attend_decode_rows(l, &q, &k, &v, rows, lens, &decode)?,
+            None if batched => self.attend_decode_rows(l, &q, &k, &v, rows, lens)?,
+            None => None,
         };
         let mut decoded_rows = 0i32;
         let mut outs = Vec::with_capacity(rows.len());
@@ -410,10 +411,9 @@ impl Llama {
         Ok(out.reshape(&[rows, c.num_attention_heads as i32 * d])?)
     }
 
-    /// The batched decode op over the rows flagged in `decode` (see
+    /// The batched decode op over the rows that feed one token (see
     /// `model::decode_attention`): `[R, n_heads * D]` in row order, `None`
-    /// when no row is flagged. Updates those rows' caches.
-    #[allow(clippy::too_many_arguments)]
+    /// when no row does. Updates those rows' caches.
     fn attend_decode_rows(
         &self,
         l: usize,
@@ -422,34 +422,19 @@ impl Llama {
         v: &Array,
         rows: &mut [RowInput<'_>],
         lens: &[usize],
-        decode: &[bool],
     ) -> Result<Option<Array>> {
         let c = &self.config;
         let d = c.head_dim() as i32;
-        let mut token_index = Vec::new();
-        let mut start = 0i32;
-        for (&t, &b) in lens.iter().zip(decode) {
-            if b {
-                token_index.push(start);
-            }
-            start += t as i32;
-        }
-        if token_index.is_empty() {
+        let count = lens.iter().filter(|&&t| t == 1).count();
+        if count == 0 {
             return Ok(None);
         }
-        let all_rows = token_index.len() == lens.len();
-        let pick = |a: &Array| -> Result<Array> {
-            if all_rows {
-                return Ok(a.clone());
-            }
-            let idx = Array::from_slice(&token_index, &[token_index.len() as i32]);
-            Ok(a.take_axis(&idx, 0)?)
-        };
+        let pick = decode_rows_picker(lens);
         let (qd, kd, vd) = (pick(q)?, pick(k)?, pick(v)?);
         let like = kd.index(0..1);
-        let mut caches = Vec::with_capacity(token_index.len());
-        let mut positions = Vec::with_capacity(token_index.len());
-        for (row, _) in rows.iter_mut().zip(decode).filter(|(_, &b)| b) {
+        let mut caches = Vec::with_capacity(count);
+        let mut positions = Vec::with_capacity(count);
+        for (row, _) in rows.iter_mut().zip(lens).filter(|(_, &t)| t == 1) {
             let pos = row.cache.offset();
             caches.push(row.cache.take_layer(l, pos + 1, &like)?);
             positions.push(pos as i32);
@@ -457,11 +442,16 @@ impl Llama {
         let scale = 1.0 / (d as f32).sqrt();
         let (out, updated) =
             super::decode_attention::decode_attention(&qd, &kd, &vd, caches, &positions, scale)?;
-        for ((row, _), (kb, vb)) in rows.iter_mut().zip(decode).filter(|(_, &b)| b).zip(updated) {
+        for ((row, _), (kb, vb)) in rows
+            .iter_mut()
+            .zip(lens)
+            .filter(|(_, &t)| t == 1)
+            .zip(updated)
+        {
             row.cache.put_layer(l, kb, vb);
         }
         Ok(Some(out.reshape(&[
-            token_index.len() as i32,
+            count as i32,
             c.num_attention_heads as i32 * d,
         ])?))
     }
