@@ -107,6 +107,7 @@ fn main() {
         .file(native.join("quantized_matmul.cpp"))
         .file(native.join("packed_matmul.cpp"))
         .file(native.join("decode_layer.cpp"))
+        .file(native.join("logsumexp.cpp"))
         .include(&mlx_c_root)
         .include(mlx_dir.join("include"))
         .opt_level(3)

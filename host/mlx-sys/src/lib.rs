@@ -54,6 +54,12 @@ extern "C" {
         scale: f32,
     ) -> ::std::os::raw::c_int;
 
+    /// mlxhost's row-wise logsumexp (`native/logsumexp.cpp`, CPU only):
+    /// builds `out` `[R, 1]` float32 = log(sum(exp(x))) of each row of x
+    /// `[R, V]` lazily, with 16-lane exponentials. Returns 0, or 1 after
+    /// reporting through mlx-c's error handler.
+    pub fn mlxhost_logsumexp_rows(out: *mut mlx_array, x: mlx_array) -> ::std::os::raw::c_int;
+
     /// mlxhost's CPU quantized matmul (`native/quantized_matmul.cpp`): builds
     /// `out = x @ W^T` lazily from MLX affine `bits`-bit weights. x `[..., K]`
     /// float32, w `[N, K*bits/32]` uint32, scales/biases `[N, K/group]`

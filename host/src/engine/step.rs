@@ -213,20 +213,27 @@ fn evaluate(
     let stack =
         |arrays: Vec<&Array>| -> Result<Array, GenerateError> { Ok(ops::stack(&arrays, 0)?) };
     let tokens = ops::concatenate(&chosen.iter().map(|c| &c.token).collect::<Vec<_>>(), 0)?;
-    let raw_lp = mlx_rs::nn::log_softmax(&stack(chosen.iter().map(|c| &c.raw).collect())?, -1)?;
-    let sampled_lp =
-        mlx_rs::nn::log_softmax(&stack(chosen.iter().map(|c| &c.sampled).collect())?, -1)?;
     let at = tokens.reshape(&[-1, 1])?;
-    let raw_at = raw_lp.take_along_axis(&at, -1)?.reshape(&[-1])?;
-    let sampled_at = sampled_lp.take_along_axis(&at, -1)?.reshape(&[-1])?;
-    let vocab = raw_lp.shape()[1] as usize;
+    // log_softmax(x)[i] = x[i] - logsumexp(x): only the picked entries are
+    // formed, not two [R, V] log-softmax arrays (a full pass each per step).
+    let raw = stack(chosen.iter().map(|c| &c.raw).collect())?;
+    let raw_lse = crate::logprobs::logsumexp_rows(&raw)?;
+    let sampled = stack(chosen.iter().map(|c| &c.sampled).collect())?;
+    let log_prob_at = |logits: &Array, lse: &Array| -> Result<Array, GenerateError> {
+        Ok(ops::subtract(&logits.take_along_axis(&at, -1)?, lse)?.reshape(&[-1])?)
+    };
+    let raw_at = log_prob_at(&raw, &raw_lse)?;
+    let sampled_at = log_prob_at(&sampled, &crate::logprobs::logsumexp_rows(&sampled)?)?;
+    let vocab = raw.shape()[1] as usize;
     let k = chosen
         .iter()
         .map(|c| seqs[c.seq].top_logprobs.min(vocab))
         .max()
         .unwrap_or(0);
     let top = if k > 0 {
-        Some(crate::logprobs::top_k(&raw_lp, k as i32)?)
+        // The same ids as on the log-softmax (a per-row shift keeps the order).
+        let (ids, values) = crate::logprobs::top_k(&raw, k as i32)?;
+        Some((ids, ops::subtract(&values, &raw_lse)?))
     } else {
         None
     };

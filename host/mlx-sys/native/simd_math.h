@@ -1,0 +1,39 @@
+// Vector math shared by mlxhost's CPU kernels (decode_layer.cpp,
+// logsumexp.cpp). MLX's own CPU ops run their exponentials one lane at a
+// time on x86 (its simd layer has no x86 vectors), which made the vocab-wide
+// ones a visible share of a decode step.
+#pragma once
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+namespace mlxhost_cpu {
+
+// e^x, 16 lanes: Cephes' expf (x = n ln2 + r, a degree-6 polynomial for
+// e^r, scaled by 2^n); within ~2 ulp of expf. Inputs below -87.3 give
+// e^-87.3 (~1e-38: 0 for softmax terms), large ones overflow to inf.
+__attribute__((target("avx512f"))) inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  const __m512 n = _mm512_roundscale_ps(
+      _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 r2 = _mm512_mul_ps(r, r);
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(y, n);
+}
+
+inline bool has_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
+} // namespace mlxhost_cpu
+#endif
