@@ -108,6 +108,7 @@ fn main() {
         .file(native.join("packed_matmul.cpp"))
         .file(native.join("decode_layer.cpp"))
         .file(native.join("logsumexp.cpp"))
+        .file(native.join("top_p.cpp"))
         .include(&mlx_c_root)
         .include(mlx_dir.join("include"))
         .opt_level(3)

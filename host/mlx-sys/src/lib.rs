@@ -60,6 +60,12 @@ extern "C" {
     /// reporting through mlx-c's error handler.
     pub fn mlxhost_logsumexp_rows(out: *mut mlx_array, x: mlx_array) -> ::std::os::raw::c_int;
 
+    /// mlxhost's top-p filter of one row of logits (`native/top_p.cpp`, CPU
+    /// only): builds `out` `[V]` float32 lazily, mlx-lm's `apply_top_p` of x
+    /// `[V]` without a full sort. Returns 0, or 1 after reporting through
+    /// mlx-c's error handler (x not 1-D or empty, p outside (0, 1)).
+    pub fn mlxhost_top_p(out: *mut mlx_array, x: mlx_array, p: f32) -> ::std::os::raw::c_int;
+
     /// mlxhost's CPU quantized matmul (`native/quantized_matmul.cpp`): builds
     /// `out = x @ W^T` lazily from MLX affine `bits`-bit weights. x `[..., K]`
     /// float32, w `[N, K*bits/32]` uint32, scales/biases `[N, K/group]`

@@ -43,8 +43,14 @@ pub fn vocab(a: &Array) -> usize {
     a.shape().first().copied().unwrap_or(0) as usize
 }
 
-/// Log-softmax over the last axis.
+/// Log-softmax over the last axis: `a - logsumexp(a)`, a `[V]` row's
+/// logsumexp on the CPU through [`crate::logprobs::logsumexp_rows`] (16-lane
+/// exponentials), otherwise MLX's.
 pub fn log_softmax(a: &Array) -> Result<Array> {
+    if a.ndim() == 1 && !crate::runtime::gpu_available() {
+        let lse = crate::logprobs::logsumexp_rows(&a.reshape(&[1, -1])?)?.reshape(&[1])?;
+        return ops::subtract(a, &lse);
+    }
     mlx_rs::nn::log_softmax(a, -1)
 }
 
@@ -143,10 +149,36 @@ pub fn top_k(logits: &Array, k: u32) -> Result<Array> {
 }
 
 /// mlx-lm's `apply_top_p`; `p` outside (0, 1): no-op.
+///
+/// On the CPU backend through mlxhost's op (`mlxhost_top_p`,
+/// `host/mlx-sys/native/top_p.cpp`: no full sort of the vocabulary, 16-lane
+/// exponentials), elsewhere through [`top_p_mlx`]'s MLX ops.
 pub fn top_p(logits: &Array, p: f32) -> Result<Array> {
     if !(p > 0.0 && p < 1.0) {
         return Ok(logits.clone());
     }
+    if crate::runtime::gpu_available() {
+        return top_p_mlx(logits, p);
+    }
+    // SAFETY: `out` is a fresh handle that `Array::from_ptr` takes over;
+    // `logits` stays alive for the call and the op keeps its own reference.
+    let (status, out) = unsafe {
+        let mut out = mlx_sys::mlx_array_new();
+        let status = mlx_sys::mlxhost_top_p(&mut out, logits.as_ptr(), p);
+        (status, Array::from_ptr(out))
+    };
+    if status != 0 {
+        return Err(mlx_rs::error::Exception::custom(format!(
+            "top-p: logits must be [V] with V > 0, got {:?}",
+            logits.shape()
+        )));
+    }
+    Ok(out)
+}
+
+/// [`top_p`] through MLX ops (a sort of the whole vocabulary): the GPU path,
+/// and what the CPU op is tested against. `p` must be in (0, 1).
+pub fn top_p_mlx(logits: &Array, p: f32) -> Result<Array> {
     // Drop the low tail whose mass lies at or above 1 - p of the total,
     // measured from the top.
     let lp = log_softmax(logits)?;
@@ -221,4 +253,72 @@ pub fn argmax(logits: &Array) -> Result<Array> {
 pub fn categorical(logits: &Array, seed: u64, step: u32) -> Result<Array> {
     let key = step_key(seed, step, 1)?;
     random::categorical(logits, -1, None, Some(&key))?.as_dtype(Dtype::Uint32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Logits from a fixed LCG: `n` values spread over `spread` nats.
+    fn logits(n: usize, spread: f32, state: &mut u64) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                ((*state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * spread
+            })
+            .collect()
+    }
+
+    fn kept(a: &Array) -> Vec<bool> {
+        a.as_slice::<f32>().iter().map(|x| x.is_finite()).collect()
+    }
+
+    #[test]
+    fn top_p_op_keeps_what_the_mlx_ops_keep() -> Result<()> {
+        let mut state = 7u64;
+        // Vocabulary sizes off the 16-lane blocks, peaked to flat
+        // distributions, ties (values rounded to a coarse grid), masked
+        // entries, and p from tiny to almost 1.
+        for (case, &(n, spread)) in [(37, 4.0), (1000, 20.0), (4099, 2.0), (49152, 30.0)]
+            .iter()
+            .enumerate()
+        {
+            for &p in &[0.01f32, 0.3, 0.5, 0.9, 0.95, 0.999] {
+                let mut v = logits(n, spread, &mut state);
+                if case % 2 == 1 {
+                    for x in &mut v {
+                        *x = (*x * 2.0).round() / 2.0;
+                    }
+                }
+                v[n / 3] = f32::NEG_INFINITY;
+                let x = Array::from_slice(&v, &[n as i32]);
+                let ours = top_p(&x, p)?;
+                let mlx = top_p_mlx(&x, p)?;
+                mlx_rs::transforms::eval([&ours, &mlx])?;
+                assert_eq!(kept(&ours), kept(&mlx), "n {n}, spread {spread}, p {p}");
+                for (a, b) in ours.as_slice::<f32>().iter().zip(mlx.as_slice::<f32>()) {
+                    assert!(a == b || (a.is_infinite() && b.is_infinite()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn top_p_op_leaves_rows_it_cannot_rank() -> Result<()> {
+        let nan = Array::from_slice(&[1.0f32, f32::NAN, 0.5], &[3]);
+        let out = top_p(&nan, 0.5)?;
+        let got = out.as_slice::<f32>();
+        assert_eq!((got[0], got[2]), (1.0, 0.5));
+        assert!(got[1].is_nan());
+        let masked = Array::from_slice(&[f32::NEG_INFINITY; 4], &[4]);
+        assert!(top_p(&masked, 0.5)?
+            .as_slice::<f32>()
+            .iter()
+            .all(|x| *x == f32::NEG_INFINITY));
+        assert!(top_p(&Array::from_slice(&[1.0f32; 4], &[2, 2]), 0.5).is_err());
+        Ok(())
+    }
 }
