@@ -109,6 +109,7 @@ fn main() {
         .file(native.join("decode_layer.cpp"))
         .file(native.join("logsumexp.cpp"))
         .file(native.join("top_p.cpp"))
+        .file(native.join("categorical.cpp"))
         .include(&mlx_c_root)
         .include(mlx_dir.join("include"))
         .opt_level(3)

@@ -1,8 +1,11 @@
 // Vector math shared by mlxhost's CPU kernels (decode_layer.cpp,
-// logsumexp.cpp). MLX's own CPU ops run their exponentials one lane at a
-// time on x86 (its simd layer has no x86 vectors), which made the vocab-wide
-// ones a visible share of a decode step.
+// logsumexp.cpp, top_p.cpp, categorical.cpp). MLX's own CPU ops run their
+// exponentials one lane at a time on x86 (its simd layer has no x86
+// vectors), which made the vocab-wide ones a visible share of a decode step.
 #pragma once
+
+#include <cmath>
+#include <limits>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -30,6 +33,20 @@ __attribute__((target("avx512f"))) inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
+// q[i] = e^(x[i] - m) for the first n - n % 16 elements of x; returns how
+// many (the caller finishes the tail).
+__attribute__((target("avx512f"))) inline int exp_shifted_avx512(
+    const float* x,
+    int n,
+    float m,
+    float* q) {
+  const __m512 mb = _mm512_set1_ps(m);
+  int i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(q + i, exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), mb)));
+  return i;
+}
+
 inline bool has_avx512() {
   static const bool has = __builtin_cpu_supports("avx512f");
   return has;
@@ -37,3 +54,27 @@ inline bool has_avx512() {
 
 } // namespace mlxhost_cpu
 #endif
+
+namespace mlxhost_cpu {
+
+// q[j] = e^(x[j] - m) for j < n (0 where x[j] is -inf), 16 lanes where the
+// CPU has AVX-512; returns their sum in float64. m: the row's finite max.
+inline double exp_shifted_sum(const float* x, int n, float m, float* q) {
+  int j = 0;
+#if defined(__x86_64__)
+  if (has_avx512())
+    j = exp_shifted_avx512(x, n, m, q);
+#endif
+  for (int i = j; i < n; i++)
+    q[i] = std::exp(x[i] - m);
+  double total = 0;
+  for (int i = 0; i < n; i++) {
+    // exp512 gives ~1e-38 for -inf: count it as nothing.
+    if (x[i] == -std::numeric_limits<float>::infinity())
+      q[i] = 0;
+    total += q[i];
+  }
+  return total;
+}
+
+} // namespace mlxhost_cpu

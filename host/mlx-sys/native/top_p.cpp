@@ -48,36 +48,6 @@ namespace {
 constexpr int kBucketsPerNat = 4;
 constexpr int kBuckets = 64 * kBucketsPerNat + 1;
 
-#if defined(__x86_64__)
-// q[j] = e^(x[j] - m) for the first n - n % 16 elements; returns how many.
-__attribute__((target("avx512f"))) int exp_shifted_avx512(const float* x, int n, float m, float* q) {
-  const __m512 mb = _mm512_set1_ps(m);
-  int i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(q + i, mlxhost_cpu::exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), mb)));
-  return i;
-}
-#endif
-
-// q[j] = e^(x[j] - m) for j < n (0 for -inf); returns their sum.
-double exp_shifted(const float* x, int n, float m, float* q) {
-  int j = 0;
-#if defined(__x86_64__)
-  if (mlxhost_cpu::has_avx512())
-    j = exp_shifted_avx512(x, n, m, q);
-#endif
-  for (int i = j; i < n; i++)
-    q[i] = std::exp(x[i] - m);
-  double total = 0;
-  for (int i = 0; i < n; i++) {
-    // exp512 gives ~1e-38 for -inf; count it as nothing.
-    if (x[i] == -std::numeric_limits<float>::infinity())
-      q[i] = 0;
-    total += q[i];
-  }
-  return total;
-}
-
 void top_p_row(const float* x, int n, float p, float* out) {
   float m = -std::numeric_limits<float>::infinity();
   for (int j = 0; j < n; j++) {
@@ -92,7 +62,7 @@ void top_p_row(const float* x, int n, float p, float* out) {
     return;
   }
   std::vector<float> q(n);
-  const double target = double(p) * exp_shifted(x, n, m, q.data());
+  const double target = double(p) * mlxhost_cpu::exp_shifted_sum(x, n, m, q.data());
   auto bucket = [&](float v) {
     const float below = (m - v) * float(kBucketsPerNat);
     return below < float(kBuckets - 1) ? int(below) : kBuckets - 1;

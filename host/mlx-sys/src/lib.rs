@@ -66,6 +66,13 @@ extern "C" {
     /// mlx-c's error handler (x not 1-D or empty, p outside (0, 1)).
     pub fn mlxhost_top_p(out: *mut mlx_array, x: mlx_array, p: f32) -> ::std::os::raw::c_int;
 
+    /// mlxhost's draw from softmax(x) of one row of logits
+    /// (`native/categorical.cpp`, CPU only): builds `out` `[]` uint32 lazily,
+    /// by inverse CDF at the uniform `u` in [0, 1). Returns 0, or 1 after
+    /// reporting through mlx-c's error handler (x not 1-D or empty, u out of
+    /// range).
+    pub fn mlxhost_categorical(out: *mut mlx_array, x: mlx_array, u: f64) -> ::std::os::raw::c_int;
+
     /// mlxhost's CPU quantized matmul (`native/quantized_matmul.cpp`): builds
     /// `out = x @ W^T` lazily from MLX affine `bits`-bit weights. x `[..., K]`
     /// float32, w `[N, K*bits/32]` uint32, scales/biases `[N, K/group]`

@@ -56,13 +56,18 @@ pub fn log_softmax(a: &Array) -> Result<Array> {
 
 /// Deterministic PRNG key for (seed, step): the same pair gives the same draw.
 pub fn step_key(seed: u64, step: u32, stream: u64) -> Result<Array> {
-    // SplitMix64 finalizer over the triple, so nearby seeds/steps decorrelate.
+    random::key(step_bits(seed, step, stream))
+}
+
+/// 64 bits for (seed, step, stream): the SplitMix64 finalizer over the
+/// triple, so nearby seeds and steps decorrelate.
+fn step_bits(seed: u64, step: u32, stream: u64) -> u64 {
     let mut z = seed
         ^ (u64::from(step) << 32 | u64::from(step))
         ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    random::key(z ^ (z >> 31))
+    z ^ (z >> 31)
 }
 
 /// `logits / temperature` (temperature > 0, finite).
@@ -250,9 +255,34 @@ pub fn argmax(logits: &Array) -> Result<Array> {
 }
 
 /// A draw from softmax(logits) keyed by (seed, step), `[]` uint32.
+///
+/// On the CPU backend by inverse CDF at one uniform from (seed, step)
+/// (`mlxhost_categorical`, `host/mlx-sys/native/categorical.cpp`: MLX's
+/// Gumbel-max draw hashes and takes two logarithms per vocabulary entry,
+/// one lane at a time on x86); elsewhere MLX's `random::categorical`. Both
+/// draw exactly from softmax(logits); a seed maps to different tokens on
+/// the two.
 pub fn categorical(logits: &Array, seed: u64, step: u32) -> Result<Array> {
-    let key = step_key(seed, step, 1)?;
-    random::categorical(logits, -1, None, Some(&key))?.as_dtype(Dtype::Uint32)
+    if crate::runtime::gpu_available() {
+        let key = step_key(seed, step, 1)?;
+        return random::categorical(logits, -1, None, Some(&key))?.as_dtype(Dtype::Uint32);
+    }
+    // The top 53 bits as a double in [0, 1).
+    let u = (step_bits(seed, step, 1) >> 11) as f64 / (1u64 << 53) as f64;
+    // SAFETY: `out` is a fresh handle that `Array::from_ptr` takes over;
+    // `logits` stays alive for the call and the op keeps its own reference.
+    let (status, out) = unsafe {
+        let mut out = mlx_sys::mlx_array_new();
+        let status = mlx_sys::mlxhost_categorical(&mut out, logits.as_ptr(), u);
+        (status, Array::from_ptr(out))
+    };
+    if status != 0 {
+        return Err(mlx_rs::error::Exception::custom(format!(
+            "categorical: logits must be [V] with V > 0, got {:?}",
+            logits.shape()
+        )));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -303,6 +333,45 @@ mod tests {
                 }
             }
         }
+        Ok(())
+    }
+
+    #[test]
+    fn categorical_draws_follow_softmax() -> Result<()> {
+        // Pearson's chi-square of 4000 draws (one per seed) against
+        // softmax([2, 1, 0.5, 0, -1, -inf]) over 5 degrees of freedom: the
+        // 0.999 quantile is 20.5; the -inf token is never drawn.
+        let v = [2.0f32, 1.0, 0.5, 0.0, -1.0, f32::NEG_INFINITY];
+        let logits = Array::from_slice(&v, &[6]);
+        let total: f64 = v.iter().map(|&x| f64::from(x).exp()).sum();
+        let draws = 4000u64;
+        let mut counts = [0u64; 6];
+        for seed in 0..draws {
+            let t = categorical(&logits, seed, 3)?;
+            counts[t.item_exact::<u32>() as usize] += 1;
+        }
+        assert_eq!(counts[5], 0);
+        let chi2: f64 = v[..5]
+            .iter()
+            .zip(&counts)
+            .map(|(&x, &c)| {
+                let expected = draws as f64 * f64::from(x).exp() / total;
+                (c as f64 - expected).powi(2) / expected
+            })
+            .sum();
+        assert!(chi2 < 20.5, "chi-square {chi2}, counts {counts:?}");
+        // Same (seed, step): same token.
+        let again = |seed| -> Result<u32> { Ok(categorical(&logits, seed, 3)?.item_exact::<u32>()) };
+        assert_eq!(again(11)?, again(11)?);
+        Ok(())
+    }
+
+    #[test]
+    fn categorical_of_rows_it_cannot_weigh_is_the_argmax() -> Result<()> {
+        let nan = Array::from_slice(&[1.0f32, f32::NAN, 3.0], &[3]);
+        assert_eq!(categorical(&nan, 1, 1)?.item_exact::<u32>(), 2);
+        let masked = Array::from_slice(&[f32::NEG_INFINITY; 3], &[3]);
+        assert_eq!(categorical(&masked, 1, 1)?.item_exact::<u32>(), 0);
         Ok(())
     }
 
