@@ -3,7 +3,8 @@
 // is below p of the total, and every token tied with the least likely one
 // kept; the rest become -inf. The definition is `apply_top_p` in mlx-lm's
 // mlx_lm/sample_utils.py, as host/src/plugin/device_ops.rs computes it with
-// MLX ops (which the tests compare this with).
+// MLX ops (the tests compare this with those, and with the definition
+// computed in float64).
 //
 // Why: those MLX ops sort the whole vocabulary (a merge sort of 49k-152k
 // floats per row per step) and compute their exponentials one lane at a
