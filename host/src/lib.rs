@@ -12,6 +12,7 @@ pub mod cache;
 pub mod engine;
 pub mod logprobs;
 pub mod model;
+pub(crate) mod native_op;
 pub mod output;
 pub mod paths;
 pub mod plugin;

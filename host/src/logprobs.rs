@@ -33,20 +33,19 @@ pub fn logsumexp_rows(x: &Array) -> Result<Array, Exception> {
     if crate::runtime::gpu_available() {
         return x.as_dtype(Dtype::Float32)?.logsumexp_axis(-1, true);
     }
-    // SAFETY: `out` is a fresh handle that `Array::from_ptr` takes over;
-    // `x` stays alive for the call and the op keeps its own reference.
-    let (status, out) = unsafe {
-        let mut out = mlx_sys::mlx_array_new();
-        let status = mlx_sys::mlxhost_logsumexp_rows(&mut out, x.as_ptr());
-        (status, Array::from_ptr(out))
-    };
-    if status != 0 {
-        return Err(Exception::custom(format!(
-            "logsumexp rows: x must be [R, V] with V > 0, got {:?}",
-            x.shape()
-        )));
+    // SAFETY: `x` is borrowed for the whole call; the op keeps its own
+    // reference.
+    unsafe {
+        crate::native_op::build_one(
+            |out| mlx_sys::mlxhost_logsumexp_rows(out, x.as_ptr()),
+            || {
+                format!(
+                    "logsumexp rows: x must be [R, V] with V > 0, got {:?}",
+                    x.shape()
+                )
+            },
+        )
     }
-    Ok(out)
 }
 
 /// `(id, value)` pairs sorted by value descending, ties by ascending id.

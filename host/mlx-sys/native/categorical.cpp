@@ -22,13 +22,10 @@
 #include <stdexcept>
 #include <vector>
 
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "mlx/c/error.h"
 #include "mlx/c/private/array.h"
-#include "mlx/ops.h"
-#include "mlx/primitives.h"
 
+#include "row_op.h"
 #include "simd_math.h"
 
 namespace mx = mlx::core;
@@ -65,34 +62,6 @@ uint32_t draw(const float* x, int n, double u) {
   return last;
 }
 
-class Categorical : public mx::Primitive {
- public:
-  Categorical(mx::Stream s, double u) : mx::Primitive(s), u_(u) {}
-
-  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    if (!inputs[0].flags().row_contiguous)
-      throw std::runtime_error("categorical: the input is not row-contiguous");
-    outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(inputs[0]);
-    enc.set_output_array(outputs[0]);
-    enc.dispatch([x = inputs[0], out = outputs[0], u = u_]() mutable {
-      *out.data<uint32_t>() = draw(x.data<float>(), int(x.size()), u);
-    });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("mlxhost Categorical has no GPU implementation");
-  }
-
-  const char* name() const override {
-    return "MlxhostCategorical";
-  }
-
- private:
-  double u_;
-};
-
 } // namespace
 
 // Builds the op lazily: `out` gets a [] uint32 token drawn from softmax(x)
@@ -107,9 +76,12 @@ extern "C" int mlxhost_categorical(mlx_array* out, const mlx_array x, double u) 
     if (!(u >= 0.0 && u < 1.0))
       throw std::invalid_argument("categorical: u must be in [0, 1)");
     auto stream = mx::default_stream(mx::Device::cpu);
-    auto input = mx::contiguous(mx::astype(xa, mx::float32, stream), false, stream);
-    auto prim = std::make_shared<Categorical>(stream, u);
-    mlx_array_set_(*out, mx::array(mx::Shape{}, mx::uint32, prim, {input}));
+    auto prim = std::make_shared<mlxhost_cpu::CpuRowOp>(
+        stream, "MlxhostCategorical", [u](const mx::array& x, mx::array& out) {
+          *out.data<uint32_t>() = draw(x.data<float>(), int(x.size()), u);
+        });
+    mlx_array_set_(
+        *out, mx::array(mx::Shape{}, mx::uint32, prim, {mlxhost_cpu::row_contiguous_f32(xa, stream)}));
   } catch (std::exception& e) {
     mlx_error(e.what());
     return 1;

@@ -21,14 +21,11 @@
 #include <limits>
 #include <stdexcept>
 
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "mlx/c/error.h"
 #include "mlx/c/private/array.h"
-#include "mlx/ops.h"
-#include "mlx/primitives.h"
 
 #include "cpu_kernels.h"
+#include "row_op.h"
 #include "simd_math.h"
 
 namespace mx = mlx::core;
@@ -100,34 +97,6 @@ float logsumexp_row(const float* x, int n) {
   return logsumexp_portable(x, n);
 }
 
-class LogSumExpRows : public mx::Primitive {
- public:
-  explicit LogSumExpRows(mx::Stream s) : mx::Primitive(s) {}
-
-  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    if (!inputs[0].flags().row_contiguous)
-      throw std::runtime_error("logsumexp rows: the input is not row-contiguous");
-    outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(inputs[0]);
-    enc.set_output_array(outputs[0]);
-    enc.dispatch([x = inputs[0], out = outputs[0]]() mutable {
-      const int rows = x.shape(0), n = x.shape(1);
-      const float* xp = x.data<float>();
-      float* op = out.data<float>();
-      mlxhost_cpu::parallel_for(rows, [&](int r) { op[r] = logsumexp_row(xp + size_t(r) * n, n); });
-    });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("mlxhost LogSumExpRows has no GPU implementation");
-  }
-
-  const char* name() const override {
-    return "MlxhostLogSumExpRows";
-  }
-};
-
 } // namespace
 
 // Builds the op lazily: `out` gets [R, 1] float32 for x [R, V] (cast to
@@ -139,9 +108,18 @@ extern "C" int mlxhost_logsumexp_rows(mlx_array* out, const mlx_array x) {
     if (xa.ndim() != 2 || xa.shape(1) == 0)
       throw std::invalid_argument("logsumexp rows: x must be [R, V] with V > 0");
     auto stream = mx::default_stream(mx::Device::cpu);
-    auto input = mx::contiguous(mx::astype(xa, mx::float32, stream), false, stream);
-    auto prim = std::make_shared<LogSumExpRows>(stream);
-    mlx_array_set_(*out, mx::array({xa.shape(0), 1}, mx::float32, prim, {input}));
+    auto prim = std::make_shared<mlxhost_cpu::CpuRowOp>(
+        stream, "MlxhostLogSumExpRows", [](const mx::array& x, mx::array& out) {
+          const int rows = x.shape(0), n = x.shape(1);
+          const float* xp = x.data<float>();
+          float* op = out.data<float>();
+          mlxhost_cpu::parallel_for(
+              rows, [&](int r) { op[r] = logsumexp_row(xp + size_t(r) * n, n); });
+        });
+    mlx_array_set_(
+        *out,
+        mx::array(
+            {xa.shape(0), 1}, mx::float32, prim, {mlxhost_cpu::row_contiguous_f32(xa, stream)}));
   } catch (std::exception& e) {
     mlx_error(e.what());
     return 1;

@@ -31,13 +31,10 @@
 #include <utility>
 #include <vector>
 
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "mlx/c/error.h"
 #include "mlx/c/private/array.h"
-#include "mlx/ops.h"
-#include "mlx/primitives.h"
 
+#include "row_op.h"
 #include "simd_math.h"
 
 namespace mx = mlx::core;
@@ -99,34 +96,6 @@ void top_p_row(const float* x, int n, float p, float* out) {
     out[j] = x[j] >= threshold ? x[j] : neg_inf;
 }
 
-class TopP : public mx::Primitive {
- public:
-  TopP(mx::Stream s, float p) : mx::Primitive(s), p_(p) {}
-
-  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    if (!inputs[0].flags().row_contiguous)
-      throw std::runtime_error("top-p: the input is not row-contiguous");
-    outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(inputs[0]);
-    enc.set_output_array(outputs[0]);
-    enc.dispatch([x = inputs[0], out = outputs[0], p = p_]() mutable {
-      top_p_row(x.data<float>(), int(x.size()), p, out.data<float>());
-    });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("mlxhost TopP has no GPU implementation");
-  }
-
-  const char* name() const override {
-    return "MlxhostTopP";
-  }
-
- private:
-  float p_;
-};
-
 } // namespace
 
 // Builds the op lazily: `out` gets x [V] filtered (cast to float32 and made
@@ -141,9 +110,12 @@ extern "C" int mlxhost_top_p(mlx_array* out, const mlx_array x, float p) {
     if (!(p > 0.0f && p < 1.0f))
       throw std::invalid_argument("top-p: p must be in (0, 1)");
     auto stream = mx::default_stream(mx::Device::cpu);
-    auto input = mx::contiguous(mx::astype(xa, mx::float32, stream), false, stream);
-    auto prim = std::make_shared<TopP>(stream, p);
-    mlx_array_set_(*out, mx::array(xa.shape(), mx::float32, prim, {input}));
+    auto prim = std::make_shared<mlxhost_cpu::CpuRowOp>(
+        stream, "MlxhostTopP", [p](const mx::array& x, mx::array& out) {
+          top_p_row(x.data<float>(), int(x.size()), p, out.data<float>());
+        });
+    mlx_array_set_(
+        *out, mx::array(xa.shape(), mx::float32, prim, {mlxhost_cpu::row_contiguous_f32(xa, stream)}));
   } catch (std::exception& e) {
     mlx_error(e.what());
     return 1;

@@ -165,20 +165,19 @@ pub fn top_p(logits: &Array, p: f32) -> Result<Array> {
     if crate::runtime::gpu_available() {
         return top_p_mlx(logits, p);
     }
-    // SAFETY: `out` is a fresh handle that `Array::from_ptr` takes over;
-    // `logits` stays alive for the call and the op keeps its own reference.
-    let (status, out) = unsafe {
-        let mut out = mlx_sys::mlx_array_new();
-        let status = mlx_sys::mlxhost_top_p(&mut out, logits.as_ptr(), p);
-        (status, Array::from_ptr(out))
-    };
-    if status != 0 {
-        return Err(mlx_rs::error::Exception::custom(format!(
-            "top-p: logits must be [V] with V > 0, got {:?}",
-            logits.shape()
-        )));
+    // SAFETY: `logits` is borrowed for the whole call; the op keeps its own
+    // reference.
+    unsafe {
+        crate::native_op::build_one(
+            |out| mlx_sys::mlxhost_top_p(out, logits.as_ptr(), p),
+            || {
+                format!(
+                    "top-p: logits must be [V] with V > 0, got {:?}",
+                    logits.shape()
+                )
+            },
+        )
     }
-    Ok(out)
 }
 
 /// [`top_p`] through MLX ops (a sort of the whole vocabulary): the GPU path,
@@ -269,20 +268,19 @@ pub fn categorical(logits: &Array, seed: u64, step: u32) -> Result<Array> {
     }
     // The top 53 bits as a double in [0, 1).
     let u = (step_bits(seed, step, 1) >> 11) as f64 / (1u64 << 53) as f64;
-    // SAFETY: `out` is a fresh handle that `Array::from_ptr` takes over;
-    // `logits` stays alive for the call and the op keeps its own reference.
-    let (status, out) = unsafe {
-        let mut out = mlx_sys::mlx_array_new();
-        let status = mlx_sys::mlxhost_categorical(&mut out, logits.as_ptr(), u);
-        (status, Array::from_ptr(out))
-    };
-    if status != 0 {
-        return Err(mlx_rs::error::Exception::custom(format!(
-            "categorical: logits must be [V] with V > 0, got {:?}",
-            logits.shape()
-        )));
+    // SAFETY: `logits` is borrowed for the whole call; the op keeps its own
+    // reference.
+    unsafe {
+        crate::native_op::build_one(
+            |out| mlx_sys::mlxhost_categorical(out, logits.as_ptr(), u),
+            || {
+                format!(
+                    "categorical: logits must be [V] with V > 0, got {:?}",
+                    logits.shape()
+                )
+            },
+        )
     }
-    Ok(out)
 }
 
 #[cfg(test)]
