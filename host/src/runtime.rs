@@ -48,17 +48,39 @@ pub fn blas_corename() -> Option<String> {
     Some(name.to_string_lossy().trim().to_lowercase())
 }
 
-/// The `OPENBLAS_CORETYPE` to run with when OpenBLAS fell back to a generic
-/// kernel set on a CPU it does not know (Debian's OpenBLAS 0.3.21 picks
-/// `prescott`, SSE3, on this machine's Sapphire Rapids-class CPU, which made
-/// prefill 2.2x slower than with `SkylakeX`). `None` when OpenBLAS is
-/// absent, already chose a modern set, or the user set `OPENBLAS_CORETYPE`.
+/// The `OPENBLAS_CORETYPE` to run with when OpenBLAS picked a kernel set
+/// below what this CPU runs: a generic set on a CPU it does not know (Debian's
+/// OpenBLAS 0.3.21 picks `prescott`, SSE3, on a Sapphire Rapids-class CPU,
+/// which made prefill 2.2x slower than with `SkylakeX`), or its AVX2 set on an
+/// AMD CPU with AVX-512 (0.3.21 maps Zen 4/5 to `Haswell`; `SkylakeX` gave
+/// 1.1-1.2x its prefill on this machine's AMD EPYC, 512 prompt tokens,
+/// interleaved runs). `None` when
+/// OpenBLAS is absent, already chose a modern set, or the user set
+/// `OPENBLAS_CORETYPE`.
 pub fn better_openblas_coretype() -> Option<&'static str> {
     if std::env::var_os("OPENBLAS_CORETYPE").is_some() {
         return None;
     }
     let core = blas_corename()?;
-    let generic = [
+    #[cfg(target_arch = "x86_64")]
+    {
+        coretype_for(
+            &core,
+            std::arch::is_x86_feature_detected!("avx512f"),
+            std::arch::is_x86_feature_detected!("avx2"),
+        )
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = core;
+        None
+    }
+}
+
+/// The decision behind [`better_openblas_coretype`]: `core` is OpenBLAS's
+/// lower-case kernel set name, the flags what the CPU (and OS) support.
+fn coretype_for(core: &str, avx512f: bool, avx2: bool) -> Option<&'static str> {
+    const GENERIC: [&str; 11] = [
         "prescott",
         "core2",
         "katmai",
@@ -71,17 +93,42 @@ pub fn better_openblas_coretype() -> Option<&'static str> {
         "dunnington",
         "nehalem",
     ];
-    if !generic.contains(&core.as_str()) {
-        return None;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
+    // OpenBLAS's AVX2 sets, which it also picks for AMD CPUs that have AVX-512.
+    const AVX2_ONLY: [&str; 2] = ["haswell", "zen"];
+    if GENERIC.contains(&core) || (avx512f && AVX2_ONLY.contains(&core)) {
+        if avx512f {
             return Some("SkylakeX");
         }
-        if std::arch::is_x86_feature_detected!("avx2") {
+        if avx2 && GENERIC.contains(&core) {
             return Some("Haswell");
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::coretype_for;
+
+    #[test]
+    fn generic_sets_get_the_widest_set_the_cpu_runs() {
+        assert_eq!(coretype_for("prescott", true, true), Some("SkylakeX"));
+        assert_eq!(coretype_for("nehalem", false, true), Some("Haswell"));
+        assert_eq!(coretype_for("unknown", false, false), None);
+    }
+
+    #[test]
+    fn avx2_sets_move_to_avx512_only_where_the_cpu_has_it() {
+        assert_eq!(coretype_for("zen", true, true), Some("SkylakeX"));
+        assert_eq!(coretype_for("haswell", true, true), Some("SkylakeX"));
+        assert_eq!(coretype_for("zen", false, true), None);
+        assert_eq!(coretype_for("haswell", false, true), None);
+    }
+
+    #[test]
+    fn modern_sets_are_left_alone() {
+        for core in ["skylakex", "cooperlake", "sapphirerapids", "neoversen1"] {
+            assert_eq!(coretype_for(core, true, true), None, "{core}");
+        }
+    }
 }
