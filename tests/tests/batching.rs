@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use mlxhost::cache::{PrefixCache, PromptCache};
 use mlxhost::engine::scheduler::{ChainSource, Pending, Scheduler, SchedulerConfig};
+use mlxhost::engine::SchedulerStats;
 use mlxhost::engine::{
     FinishReason, GenerateError, GenerateEvent, GenerateRequest, GenerateSummary, SequenceSink,
 };
@@ -234,8 +235,18 @@ fn run(
     f: &Fixture,
     config: SchedulerConfig,
     reqs: &[(GenerateRequest, usize, Option<usize>)],
-    mut caches: Option<&mut PrefixCache>,
+    caches: Option<&mut PrefixCache>,
 ) -> Vec<Rc<RefCell<Record>>> {
+    run_with_stats(f, config, reqs, caches).0
+}
+
+/// [`run`], also returning the scheduler's counters at the end.
+fn run_with_stats(
+    f: &Fixture,
+    config: SchedulerConfig,
+    reqs: &[(GenerateRequest, usize, Option<usize>)],
+    mut caches: Option<&mut PrefixCache>,
+) -> (Vec<Rc<RefCell<Record>>>, SchedulerStats) {
     let records: Vec<_> = reqs.iter().map(|_| Rc::default()).collect();
     let mut scheduler = Scheduler::new(config);
     let mut step = 0usize;
@@ -258,7 +269,7 @@ fn run(
         step += 1;
         assert!(step < 10_000, "the scheduler never drained");
     }
-    records
+    (records, scheduler.stats())
 }
 
 fn solo(f: &Fixture, req: &GenerateRequest) -> Record {
@@ -457,6 +468,134 @@ fn prompt_cache_hits_beside_misses_equal_cold_runs() {
     }
 }
 
+/// Decode lookahead (`--decode-lookahead`, on by default with a GPU
+/// backend): when every row's plugins are history-free, each step starts its
+/// successor before its tokens are read. The same rows with it off and on
+/// give the same output, with rows ending at different steps (by length, by
+/// a stop string, cancelled by the client), a row joining mid-batch and a
+/// history-free processor (logit_bias); the lookahead really runs; and the
+/// prompt-cache entry a row leaves behind holds exactly its tokens: a
+/// follow-up over prompt + output reuses all of it and gives the cold run's
+/// output.
+#[test]
+fn decode_lookahead_gives_the_same_output_and_cache_entries() {
+    let f = fixture();
+    let json = serde_json::json!({});
+    let greedy_row = |i: usize, max: usize| {
+        request(&prompt(&f, i), max, "standard", &[], greedy(), json.clone())
+    };
+    let mut stopped = greedy_row(1, 30);
+    let solo_text = solo(&f, &stopped).text;
+    let word = solo_text
+        .split_whitespace()
+        .nth(3)
+        .expect("a few words of output")
+        .to_string();
+    stopped.stop = vec![word];
+    let first_greedy = solo(&f, &greedy_row(3, 1)).tokens[0].0;
+    let reqs: Vec<(GenerateRequest, usize, Option<usize>)> = vec![
+        (greedy_row(0, 12), 0, None),
+        (
+            request(
+                &prompt(&f, 2),
+                40,
+                "standard",
+                &[],
+                SamplingParams {
+                    temperature: 0.8,
+                    top_p: 0.9,
+                    seed: Some(3),
+                    ..Default::default()
+                },
+                json.clone(),
+            ),
+            0,
+            None,
+        ),
+        (stopped, 0, None),
+        (
+            request(
+                &prompt(&f, 3),
+                25,
+                "standard",
+                &["logit-bias"],
+                SamplingParams {
+                    temperature: 0.0,
+                    logit_bias: vec![(first_greedy, -100.0)],
+                    ..Default::default()
+                },
+                json.clone(),
+            ),
+            3,
+            None,
+        ),
+        (greedy_row(4, 30), 0, Some(5)),
+    ];
+    let config = |decode_lookahead| SchedulerConfig {
+        max_batch: 8,
+        decode_lookahead,
+        ..Default::default()
+    };
+    let (off, off_stats) = run_with_stats(&f, config(false), &reqs, None);
+    let mut caches = PrefixCache::new(PromptCache::new(1 << 30), None);
+    let (on, on_stats) = run_with_stats(&f, config(true), &reqs, Some(&mut caches));
+    let lookahead_steps =
+        |s: &SchedulerStats| -> u64 { s.by_batch_size.iter().map(|b| b.lookahead_steps).sum() };
+    assert_eq!(lookahead_steps(&off_stats), 0);
+    assert!(
+        lookahead_steps(&on_stats) >= 20,
+        "the lookahead ran on {} steps",
+        lookahead_steps(&on_stats)
+    );
+    for (i, (a, b)) in off.iter().zip(&on).enumerate() {
+        let (a, b) = (a.borrow(), b.borrow());
+        assert_same(&format!("lookahead row {i}"), &b, &a);
+        assert_eq!(
+            summary(&b).finish_reason,
+            summary(&a).finish_reason,
+            "row {i}"
+        );
+        assert_eq!(
+            summary(&b).completion_tokens,
+            summary(&a).completion_tokens,
+            "row {i}"
+        );
+    }
+    assert_eq!(summary(&on[2].borrow()).finish_reason, FinishReason::Stop);
+    assert_eq!(
+        summary(&on[4].borrow()).finish_reason,
+        FinishReason::Cancelled
+    );
+    assert_eq!(on[4].borrow().tokens.len(), 5);
+    // Row 0's entry (prompt + its tokens) serves a follow-up in full.
+    let mut follow = prompt(&f, 0);
+    follow.extend(on[0].borrow().tokens.iter().map(|t| t.0));
+    follow.extend(prompt(&f, 5));
+    let follow_req = request(&follow, 10, "standard", &[], greedy(), json.clone());
+    let cold = solo(&f, &follow_req);
+    let (hit, _) = run_with_stats(
+        &f,
+        config(true),
+        &[(follow_req, 0, None)],
+        Some(&mut caches),
+    );
+    let hit = hit[0].borrow();
+    // Every token of the row but a final EOS was fed, so all are cached.
+    let row0 = on[0].borrow();
+    let fed = prompt(&f, 0).len() + row0.tokens.len()
+        - usize::from(
+            row0.tokens
+                .last()
+                .is_some_and(|t| f.model.eos_ids.contains(&t.0)),
+        );
+    assert_eq!(
+        summary(&hit).cached_tokens,
+        fed,
+        "the follow-up reuses the row's whole entry"
+    );
+    assert_same("follow-up after a lookahead row's entry", &hit, &cold);
+}
+
 /// Both scenarios above again with decode rows in the batched KV slab (the
 /// decode path of GPU backends, `cache::slab`) on the CPU, each in a child
 /// process of this test binary: the switch is read once per process.
@@ -466,6 +605,7 @@ fn batched_rows_equal_solo_rows_through_the_decode_slab() {
     for name in [
         "batched_rows_equal_solo_rows_with_joins_leaves_cancel_and_failures",
         "prompt_cache_hits_beside_misses_equal_cold_runs",
+        "decode_lookahead_gives_the_same_output_and_cache_entries",
     ] {
         let out = std::process::Command::new(&exe)
             .args([name, "--exact", "--test-threads=1"])

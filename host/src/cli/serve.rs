@@ -129,6 +129,12 @@ pub struct ServeArgs {
     /// on a GPU (where a 2048-token piece takes milliseconds).
     #[arg(long, alias = "prefill-step-size")]
     prefill_budget: Option<usize>,
+    /// Start each decode step before the previous one's tokens are read, so
+    /// the host builds step N+1 while the device computes step N (rows
+    /// whose plugins all declare `history_free`: the standard sampler and
+    /// logit_bias). `auto`: on with a GPU backend, off on the CPU.
+    #[arg(long, value_enum, default_value_t = Toggle::Auto, env = "MLXHOST_DECODE_LOOKAHEAD")]
+    decode_lookahead: Toggle,
     /// Linear memory cap per sampler/processor instance, MiB.
     #[arg(long, default_value_t = 64)]
     plugin_memory: usize,
@@ -423,6 +429,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 SchedulerConfig::default().prefill_chunk
             },
             memory_budget,
+            decode_lookahead: args.decode_lookahead.resolve(gpu),
         },
     };
     let summary_plugins = live.clone();
@@ -464,4 +471,26 @@ fn open_response_store(
         anyhow::anyhow!("cannot open the response store {where_} (--ssd-cache): {e}")
     })?;
     Ok(Some(std::sync::Arc::new(store)))
+}
+
+/// An on/off switch whose `auto` depends on the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Toggle {
+    /// Decided by the backend (see the flag).
+    Auto,
+    /// Always on.
+    On,
+    /// Always off.
+    Off,
+}
+
+impl Toggle {
+    /// `auto` is `gpu`.
+    pub fn resolve(self, gpu: bool) -> bool {
+        match self {
+            Toggle::Auto => gpu,
+            Toggle::On => true,
+            Toggle::Off => false,
+        }
+    }
 }

@@ -56,6 +56,9 @@ pub struct SchedulerConfig {
     /// together (`--memory-budget`; see [`super::admission`]), resolved
     /// when the scheduler is created.
     pub memory_budget: MemoryBudget,
+    /// Start the next decode step before reading this one's tokens where
+    /// every row allows it (`--decode-lookahead`; see `engine::step`).
+    pub decode_lookahead: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -65,7 +68,19 @@ impl Default for SchedulerConfig {
             prefill_budget: DEFAULT_PREFILL_BUDGET,
             prefill_chunk: PREFILL_CHUNK,
             memory_budget: MemoryBudget::Off,
+            decode_lookahead: default_decode_lookahead(),
         }
+    }
+}
+
+/// Decode lookahead where no flag says (`mlxhost generate`, `bench`):
+/// `MLXHOST_DECODE_LOOKAHEAD=on|off`, else on with a GPU backend (as
+/// `serve --decode-lookahead auto`).
+pub fn default_decode_lookahead() -> bool {
+    match std::env::var("MLXHOST_DECODE_LOOKAHEAD").as_deref() {
+        Ok("on") => true,
+        Ok("off") => false,
+        _ => crate::runtime::gpu_available(),
     }
 }
 
@@ -117,6 +132,9 @@ pub struct BatchSizeStats {
     /// Mean time in the step's evaluation and read-back per step, ms (on a
     /// GPU: kernel launches and waiting for the device).
     pub eval_ms: f64,
+    /// Steps that also started the next step before reading their tokens
+    /// (`--decode-lookahead`).
+    pub lookahead_steps: u64,
 }
 
 /// The scheduler's counters (`GET /stats` under `"batch"`).
@@ -149,6 +167,7 @@ struct SizeAcc {
     plugins: Duration,
     forward: Duration,
     eval: Duration,
+    lookahead_steps: u64,
 }
 
 /// What one [`Scheduler::step`] did.
@@ -192,6 +211,7 @@ impl<'s> Scheduler<'s> {
                 prefill_budget: config.prefill_budget.max(1),
                 prefill_chunk: config.prefill_chunk.max(1),
                 memory_budget: config.memory_budget,
+                decode_lookahead: config.decode_lookahead,
             },
             budget: config.memory_budget.resolve(),
             shape: None,
@@ -252,7 +272,13 @@ impl<'s> Scheduler<'s> {
             return report;
         }
         let take = self.plan();
-        report.rows = take.iter().filter(|&&n| n > 0).count();
+        // Rows fed this step, and rows reading a token a lookahead chose.
+        report.rows = self
+            .running
+            .iter()
+            .zip(&take)
+            .filter(|(s, &n)| n > 0 || s.lookahead.is_some())
+            .count();
         report.prefill_tokens = self
             .running
             .iter()
@@ -261,7 +287,8 @@ impl<'s> Scheduler<'s> {
             .map(|(_, &n)| n)
             .sum();
         let started = Instant::now();
-        let outcomes = match step::run(model, &mut self.running, &take) {
+        let lookahead = self.config.decode_lookahead;
+        let outcomes = match step::run(model, &mut self.running, &take, lookahead) {
             Ok((outcomes, timing)) => {
                 report.timing = timing;
                 outcomes
@@ -351,6 +378,7 @@ impl<'s> Scheduler<'s> {
                     BatchSizeStats {
                         forward_graph_ms: acc.forward.as_secs_f64() * 1e3 / n,
                         eval_ms: acc.eval.as_secs_f64() * 1e3 / n,
+                        lookahead_steps: acc.lookahead_steps,
                         rows,
                         steps: acc.steps,
                         step_ms,
@@ -381,6 +409,7 @@ impl<'s> Scheduler<'s> {
         acc.plugins += report.timing.plugins;
         acc.forward += report.timing.forward;
         acc.eval += report.timing.eval;
+        acc.lookahead_steps += u64::from(report.timing.lookahead);
     }
 
     /// Retires waiting and running requests whose caller cancelled.
@@ -611,6 +640,7 @@ fn finish(
     model: &LoadedModel,
     caches: Option<&mut PrefixCache>,
 ) {
+    seq.settle_cache();
     let result = result.and_then(|finish| seq.flush_text(&model.tokenizer, finish));
     match result {
         Ok(finish) => {
@@ -694,6 +724,7 @@ mod tests {
             prefill_budget: budget,
             prefill_chunk: chunk,
             memory_budget: MemoryBudget::Off,
+            decode_lookahead: false,
         });
         s.running = rows;
         s

@@ -71,6 +71,26 @@ pub struct Sequence<'s> {
     /// Bytes the scheduler reserved for this row under `--memory-budget`
     /// (its largest KV plus prefill activations; 0 when no budget).
     pub(crate) reserved_bytes: u64,
+    /// The row's next token, already being computed by a decode lookahead
+    /// step (see `engine::step`); the next step reads it instead of
+    /// feeding anything.
+    pub(crate) lookahead: Option<Lookahead>,
+    /// The cache holds one position beyond `fed`: a lookahead step fed the
+    /// token the current step chose before the host read it. It becomes
+    /// `fed` when that token is taken ([`Sequence::take_token`]); a row that
+    /// ends first drops it ([`Sequence::settle_cache`]).
+    pub(crate) fed_ahead: bool,
+}
+
+/// A token a lookahead step is choosing for a row.
+pub(crate) enum Lookahead {
+    /// Row `row` of that step's results (shared by its rows).
+    Row {
+        reads: std::rc::Rc<super::step::PendingReads>,
+        row: usize,
+    },
+    /// The row's chain failed while building the lookahead step.
+    Failed(GenerateError),
 }
 
 impl<'s> Sequence<'s> {
@@ -113,6 +133,8 @@ impl<'s> Sequence<'s> {
             admitted: Instant::now(),
             prefill_done: None,
             reserved_bytes: 0,
+            lookahead: None,
+            fed_ahead: false,
         }
     }
 
@@ -162,6 +184,11 @@ impl<'s> Sequence<'s> {
             return Ok(Some(FinishReason::Stop));
         }
         self.ids.push(id);
+        if self.fed_ahead {
+            // A lookahead step already fed this token.
+            self.fed_ahead = false;
+            self.fed += 1;
+        }
         let delta = self.detok.push(&model.tokenizer, id)?;
         if !delta.is_empty() {
             let fed = self.stops.feed(&delta);
@@ -223,6 +250,16 @@ impl<'s> Sequence<'s> {
                 Duration::ZERO
             },
             plugin_time: self.chain.chain_time(),
+        }
+    }
+
+    /// Drops a lookahead in flight and the cache position it fed ahead, so
+    /// the cache holds exactly `fed_ids()` (before the row retires).
+    pub(crate) fn settle_cache(&mut self) {
+        self.lookahead = None;
+        if self.fed_ahead || self.cache.offset() > self.fed {
+            self.cache.truncate(self.fed);
+            self.fed_ahead = false;
         }
     }
 

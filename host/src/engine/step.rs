@@ -4,9 +4,20 @@
 //! log-probabilities and alternatives.
 //!
 //! The forward is started with `async_eval` before the plugin chains run, so
-//! their graph building overlaps the model's compute (as mlx-lm's generate
-//! loop overlaps step N+1's graph with step N's compute); a plugin that
-//! reads back waits for the forward inside its own call.
+//! their graph building overlaps the model's compute; a plugin that reads
+//! back waits for the forward inside its own call.
+//!
+//! **Decode lookahead** (`--decode-lookahead`): when every running row
+//! decodes and its chain is history-free ([`crate::plugin::TokenChain::history_free`]),
+//! the step also builds and starts the *next* step before reading this one's
+//! tokens: its forward feeds this step's tokens as device arrays
+//! ([`crate::model::CausalLm::forward_device_ids`]), so the host builds
+//! step N+1's graph while the device computes step N (as mlx-lm's generate
+//! loop does). The next call then only reads that step's results (and
+//! starts the one after). A row's cache holds one position beyond `fed`
+//! while its lookahead is in flight ([`Sequence::fed_ahead`]); a row that
+//! finishes meanwhile has it dropped at retirement. Outputs are the same as
+//! without lookahead: the same graph, fed the same tokens.
 
 use std::time::{Duration, Instant};
 
@@ -16,8 +27,10 @@ use mlx_rs::{
     Array, Dtype,
 };
 
+use std::rc::Rc;
+
 use super::request::{GenerateError, TokenInfo};
-use super::sequence::Sequence;
+use super::sequence::{Lookahead, Sequence};
 use crate::model::{LoadedModel, RowInput};
 use crate::plugin::session::Chosen;
 use crate::plugin::PluginError;
@@ -45,10 +58,16 @@ pub struct StepTiming {
     pub plugins: Duration,
     /// The step's evaluation and reading its results back.
     pub eval: Duration,
+    /// Whether the step started the next one before reading its tokens
+    /// (decode lookahead).
+    pub lookahead: bool,
 }
 
 /// Runs one step. `take[i]` is how many of sequence `i`'s unfed tokens to
-/// feed (0: the row sits this step out). Returns one outcome per sequence.
+/// feed (0: the row sits this step out); rows whose token is already in
+/// flight from the previous call's lookahead feed nothing and read it.
+/// `lookahead`: start the next step before reading this one where every row
+/// allows it (see the module doc). Returns one outcome per sequence.
 ///
 /// Errors (the whole step failed, so every row in it fails): an MLX error
 /// while building or evaluating the forward.
@@ -56,6 +75,7 @@ pub(crate) fn run(
     model: &LoadedModel,
     seqs: &mut [Sequence<'_>],
     take: &[usize],
+    lookahead: bool,
 ) -> Result<(Vec<RowOutcome>, StepTiming), GenerateError> {
     let mut timing = StepTiming::default();
     let started = Instant::now();
@@ -79,10 +99,20 @@ pub(crate) fn run(
             members.push((i, n, completes));
         }
         if rows.is_empty() {
-            return Ok((seqs.iter().map(|_| RowOutcome::Idle).collect(), timing));
+            Vec::new()
+        } else {
+            model.model.forward(&mut rows)?
         }
-        model.model.forward(&mut rows)?
     };
+    // Rows whose token the previous call's lookahead already chose.
+    let in_flight: Vec<(usize, Lookahead)> = seqs
+        .iter_mut()
+        .enumerate()
+        .filter_map(|(i, s)| s.lookahead.take().map(|l| (i, l)))
+        .collect();
+    if members.is_empty() && in_flight.is_empty() {
+        return Ok((seqs.iter().map(|_| RowOutcome::Idle).collect(), timing));
+    }
     for &(i, n, _) in &members {
         seqs[i].fed(n);
     }
@@ -101,7 +131,7 @@ pub(crate) fn run(
         }
         let seq = &mut seqs[i];
         let raw = row_logits.index(0);
-        match choose(seq, raw.clone(), vocab) {
+        match choose(seq, raw.clone(), vocab, seq.generated as u32) {
             Ok((token, sampled)) => chosen.push(Chose {
                 seq: i,
                 raw,
@@ -114,39 +144,205 @@ pub(crate) fn run(
     timing.plugins = plugins_started.elapsed();
 
     let eval_started = Instant::now();
-    if !chosen.is_empty() {
-        let read = evaluate(&chosen, seqs, &members)?;
-        for (c, (id, raw_lp, sampled_lp, top)) in chosen.iter().zip(read) {
-            outcomes[c.seq] = if id as usize >= vocab {
-                RowOutcome::Failed(
-                    PluginError::Failed {
-                        plugin: seqs[c.seq].chain.sampler_name().to_string(),
-                        cause: format!(
-                            "returned token id {id}, outside the vocabulary (size {vocab})"
-                        ),
-                    }
-                    .into(),
-                )
-            } else {
-                RowOutcome::Token(
-                    TokenInfo {
-                        id,
-                        logprob: raw_lp,
-                        top,
-                    },
-                    sampled_lp,
-                )
-            };
-        }
+    let current = if chosen.is_empty() {
+        None
     } else {
+        let reads = Rc::new(build_reads(&chosen, seqs)?);
+        // Queued before any lookahead, so reading them waits for this step only.
+        let mut arrays = reads.arrays();
+        arrays.extend(members.iter().flat_map(|&(i, _, _)| seqs[i].cache.arrays()));
+        async_eval(arrays)?;
+        Some(reads)
+    };
+    if lookahead {
+        let lookahead_started = Instant::now();
+        timing.lookahead = start_lookahead(
+            model,
+            seqs,
+            &members,
+            &chosen,
+            current.as_ref(),
+            &in_flight,
+            &outcomes,
+        )?;
+        // The lookahead's forward and chains are the next step's work done
+        // early; they count as this step's forward.
+        timing.forward += lookahead_started.elapsed();
+    }
+
+    if let Some(reads) = &current {
+        let read = reads.read()?;
+        for (r, c) in chosen.iter().enumerate() {
+            outcomes[c.seq] =
+                token_outcome(&seqs[c.seq], read.row(r, seqs[c.seq].top_logprobs), vocab);
+        }
+    } else if !members.is_empty() {
         let caches: Vec<&Array> = members
             .iter()
             .flat_map(|&(i, _, _)| seqs[i].cache.arrays())
             .collect();
         eval(caches)?;
     }
+    // Rows in flight: one read per lookahead step (all rows share one).
+    let mut read_cache: Vec<(Rc<PendingReads>, ReadBack)> = Vec::new();
+    for (i, ahead) in in_flight {
+        outcomes[i] = match ahead {
+            Lookahead::Failed(e) => RowOutcome::Failed(e),
+            Lookahead::Row { reads, row } => {
+                let at = match read_cache.iter().position(|(r, _)| Rc::ptr_eq(r, &reads)) {
+                    Some(at) => at,
+                    None => {
+                        let back = reads.read()?;
+                        read_cache.push((reads.clone(), back));
+                        read_cache.len() - 1
+                    }
+                };
+                let want = seqs[i].top_logprobs;
+                token_outcome(&seqs[i], read_cache[at].1.row(row, want), vocab)
+            }
+        };
+    }
     timing.eval = eval_started.elapsed();
     Ok((outcomes, timing))
+}
+
+/// A chosen row's outcome: its token, or a failure when the chain returned
+/// an id outside the vocabulary.
+fn token_outcome(seq: &Sequence<'_>, read: RowRead, vocab: usize) -> RowOutcome {
+    let (id, raw_lp, sampled_lp, top) = read;
+    if id as usize >= vocab {
+        return RowOutcome::Failed(
+            PluginError::Failed {
+                plugin: seq.chain.sampler_name().to_string(),
+                cause: format!("returned token id {id}, outside the vocabulary (size {vocab})"),
+            }
+            .into(),
+        );
+    }
+    RowOutcome::Token(
+        TokenInfo {
+            id,
+            logprob: raw_lp,
+            top,
+        },
+        sampled_lp,
+    )
+}
+
+/// Builds and starts the next step for every row when all of them allow it:
+/// each running row chose a token this call (or reads one in flight, all
+/// from one earlier lookahead), decodes, has a history-free chain and room
+/// for another token. Sets each row's [`Sequence::lookahead`] and
+/// `fed_ahead`, and returns true. Does nothing otherwise (false).
+fn start_lookahead(
+    model: &LoadedModel,
+    seqs: &mut [Sequence<'_>],
+    members: &[(usize, usize, bool)],
+    chosen: &[Chose],
+    current: Option<&Rc<PendingReads>>,
+    in_flight: &[(usize, Lookahead)],
+    outcomes: &[RowOutcome],
+) -> Result<bool, GenerateError> {
+    // Where each row's token comes from: (sequence index, row in `source`).
+    let (source, picks): (&Rc<PendingReads>, Vec<(usize, usize)>) = match (current, in_flight) {
+        (Some(reads), []) if chosen.len() == seqs.len() => (
+            reads,
+            chosen.iter().enumerate().map(|(r, c)| (c.seq, r)).collect(),
+        ),
+        (None, [(_, Lookahead::Row { reads, .. }), ..])
+            if members.is_empty() && in_flight.len() == seqs.len() =>
+        {
+            let mut picks = Vec::with_capacity(in_flight.len());
+            for (i, ahead) in in_flight {
+                match ahead {
+                    Lookahead::Row { reads: r, row } if Rc::ptr_eq(r, reads) => {
+                        picks.push((*i, *row))
+                    }
+                    _ => return Ok(false),
+                }
+            }
+            (reads, picks)
+        }
+        _ => return Ok(false),
+    };
+    let allowed = picks.iter().all(|&(i, _)| {
+        let s = &seqs[i];
+        !matches!(outcomes[i], RowOutcome::Failed(_))
+            && s.chain.history_free()
+            && !s.fed_ahead
+            && s.generated + 1 < s.max_new
+    });
+    if !allowed {
+        return Ok(false);
+    }
+    let vocab = model.model.config().vocab_size;
+    // This step's tokens as the next forward's ids, clamped into the
+    // vocabulary: a bad id fails its row when read, and must not index
+    // outside the embedding meanwhile.
+    let rows_in_order = picks.iter().enumerate().all(|(k, &(_, r))| k == r)
+        && picks.len() == source.tokens.shape()[0] as usize;
+    let ids = if rows_in_order {
+        source.tokens.clone()
+    } else {
+        let at: Vec<i32> = picks.iter().map(|&(_, r)| r as i32).collect();
+        source
+            .tokens
+            .take_axis(Array::from_slice(&at, &[at.len() as i32]), 0)?
+    };
+    let ids = ops::minimum(
+        &ids,
+        Array::from_int((vocab - 1) as i32).as_dtype(Dtype::Uint32)?,
+    )?;
+    static ONE_TOKEN: [u32; 1] = [0];
+    let logits = {
+        // Rows go to the forward in `picks` order (the ids' order).
+        let mut by_index: Vec<Option<&mut Sequence<'_>>> = seqs.iter_mut().map(Some).collect();
+        let mut rows: Vec<RowInput<'_>> = Vec::with_capacity(picks.len());
+        for &(i, _) in &picks {
+            let Some(seq) = by_index[i].take() else {
+                return Ok(false);
+            };
+            rows.push(RowInput {
+                tokens: &ONE_TOKEN,
+                cache: &mut seq.cache,
+                logits_from: 0,
+            });
+        }
+        model.model.forward_device_ids(&mut rows, &ids)?
+    };
+    let mut next: Vec<Chose> = Vec::with_capacity(picks.len());
+    let mut failed: Vec<(usize, GenerateError)> = Vec::new();
+    for (&(i, _), row_logits) in picks.iter().zip(&logits) {
+        let seq = &mut seqs[i];
+        seq.fed_ahead = true;
+        let raw = row_logits.index(0);
+        // The token being read now is number `generated`; this one follows.
+        match choose(seq, raw.clone(), vocab, seq.generated as u32 + 1) {
+            Ok((token, sampled)) => next.push(Chose {
+                seq: i,
+                raw,
+                sampled,
+                token,
+            }),
+            Err(e) => failed.push((i, e)),
+        }
+    }
+    if !next.is_empty() {
+        let reads = Rc::new(build_reads(&next, seqs)?);
+        let mut arrays = reads.arrays();
+        arrays.extend(picks.iter().flat_map(|&(i, _)| seqs[i].cache.arrays()));
+        async_eval(arrays)?;
+        for (row, c) in next.iter().enumerate() {
+            seqs[c.seq].lookahead = Some(Lookahead::Row {
+                reads: reads.clone(),
+                row,
+            });
+        }
+    }
+    for (i, e) in failed {
+        seqs[i].lookahead = Some(Lookahead::Failed(e));
+    }
+    Ok(true)
 }
 
 /// One row's choice before evaluation.
@@ -166,10 +362,9 @@ fn choose(
     seq: &mut Sequence<'_>,
     raw: Array,
     vocab: usize,
+    step: u32,
 ) -> Result<(Array, Array), GenerateError> {
-    let out = seq
-        .chain
-        .step(raw, &seq.ids, seq.prompt_len, seq.generated as u32)?;
+    let out = seq.chain.step(raw, &seq.ids, seq.prompt_len, step)?;
     let name = || seq.chain.sampler_name().to_string();
     let token = match out.token {
         Chosen::Device(a) => {
@@ -201,18 +396,110 @@ fn choose(
 /// alternatives)`.
 type RowRead = (u32, f32, f32, Vec<(u32, f32)>);
 
-/// One evaluation for every chosen row (tokens, both log-probabilities,
-/// the top alternatives) plus every fed row's cache, then one read-back of
-/// each result. Returns per chosen row `(id, raw logprob, sampled logprob,
-/// top alternatives)`.
-fn evaluate(
-    chosen: &[Chose],
-    seqs: &[Sequence<'_>],
-    members: &[(usize, usize, bool)],
-) -> Result<Vec<RowRead>, GenerateError> {
-    let stack =
-        |arrays: Vec<&Array>| -> Result<Array, GenerateError> { Ok(ops::stack(&arrays, 0)?) };
-    let tokens = ops::concatenate(&chosen.iter().map(|c| &c.token).collect::<Vec<_>>(), 0)?;
+/// One step's results for its chosen rows, built lazily (tokens, both
+/// log-probabilities, the top alternatives), read back with
+/// [`PendingReads::read`].
+pub(crate) struct PendingReads {
+    /// Chosen ids `[R]` uint32, in row order.
+    tokens: Array,
+    /// Each row's token's log-probability under the raw logits `[R]`.
+    raw_at: Array,
+    /// ... and under the logits it was drawn from `[R]`.
+    sampled_at: Array,
+    /// The top `k` alternatives `([R, k] ids, [R, k] logprobs)`, `k` the
+    /// most any row asked for; `None` when none did.
+    top: Option<(Array, Array)>,
+    k: usize,
+    vocab: usize,
+}
+
+impl PendingReads {
+    /// The arrays to evaluate.
+    fn arrays(&self) -> Vec<&Array> {
+        let mut out = vec![&self.tokens, &self.raw_at, &self.sampled_at];
+        if let Some((i, v)) = &self.top {
+            out.extend([i, v]);
+        }
+        out
+    }
+
+    /// Evaluates (waits for the step) and copies the results to the host.
+    fn read(&self) -> Result<ReadBack, GenerateError> {
+        eval(self.arrays())?;
+        let read_err = |what: &str, e: mlx_rs::error::AsSliceError| {
+            GenerateError::Internal(format!("reading the step's {what}: {e}"))
+        };
+        let slice_u32 = |a: &Array, what: &str| -> Result<Vec<u32>, GenerateError> {
+            Ok(a.try_as_slice::<u32>()
+                .map_err(|e| read_err(what, e))?
+                .to_vec())
+        };
+        let slice_f32 = |a: &Array, what: &str| -> Result<Vec<f32>, GenerateError> {
+            Ok(a.try_as_slice::<f32>()
+                .map_err(|e| read_err(what, e))?
+                .to_vec())
+        };
+        let (top_ids, top_vals) = match &self.top {
+            Some((i, v)) => (slice_u32(i, "top logprobs")?, slice_f32(v, "top logprobs")?),
+            None => (Vec::new(), Vec::new()),
+        };
+        Ok(ReadBack {
+            ids: slice_u32(&self.tokens, "tokens")?,
+            raw: slice_f32(&self.raw_at, "logprobs")?,
+            sampled: slice_f32(&self.sampled_at, "logprobs")?,
+            top_ids,
+            top_vals,
+            k: self.k,
+            vocab: self.vocab,
+        })
+    }
+}
+
+/// [`PendingReads`] on the host.
+struct ReadBack {
+    ids: Vec<u32>,
+    raw: Vec<f32>,
+    sampled: Vec<f32>,
+    top_ids: Vec<u32>,
+    top_vals: Vec<f32>,
+    k: usize,
+    vocab: usize,
+}
+
+impl ReadBack {
+    /// Row `r`'s results, with its `top_logprobs` best alternatives.
+    fn row(&self, r: usize, top_logprobs: usize) -> RowRead {
+        let want = top_logprobs.min(self.vocab);
+        let k = self.k;
+        let top = if want > 0 && k > 0 {
+            let mut pairs = crate::logprobs::sorted_pairs(
+                &self.top_ids[r * k..(r + 1) * k],
+                &self.top_vals[r * k..(r + 1) * k],
+            );
+            pairs.truncate(want);
+            pairs
+        } else {
+            Vec::new()
+        };
+        (self.ids[r], self.raw[r], self.sampled[r], top)
+    }
+}
+
+/// Builds the lazy results of every chosen row (one batched op each, not
+/// one per row).
+fn build_reads(chosen: &[Chose], seqs: &[Sequence<'_>]) -> Result<PendingReads, GenerateError> {
+    // One row (a GPU's batch-1 decode, bound by kernel launches) takes
+    // views, not the copies `stack` and `concatenate` make.
+    let stack = |arrays: Vec<&Array>| -> Result<Array, GenerateError> {
+        Ok(match arrays.as_slice() {
+            [one] => one.expand_dims(0)?,
+            _ => ops::stack(&arrays, 0)?,
+        })
+    };
+    let tokens = match chosen {
+        [one] => one.token.clone(),
+        _ => ops::concatenate(&chosen.iter().map(|c| &c.token).collect::<Vec<_>>(), 0)?,
+    };
     let at = tokens.reshape(&[-1, 1])?;
     // log_softmax(x)[i] = x[i] - logsumexp(x): only the picked entries are
     // formed, not two [R, V] log-softmax arrays (a full pass each per step).
@@ -237,49 +524,12 @@ fn evaluate(
     } else {
         None
     };
-    let mut to_eval = vec![&tokens, &raw_at, &sampled_at];
-    if let Some((i, v)) = &top {
-        to_eval.extend([i, v]);
-    }
-    to_eval.extend(members.iter().flat_map(|&(i, _, _)| seqs[i].cache.arrays()));
-    eval(to_eval)?;
-    let read_err = |what: &str, e: mlx_rs::error::AsSliceError| {
-        GenerateError::Internal(format!("reading the step's {what}: {e}"))
-    };
-    let ids = tokens
-        .try_as_slice::<u32>()
-        .map_err(|e| read_err("tokens", e))?;
-    let raw = raw_at
-        .try_as_slice::<f32>()
-        .map_err(|e| read_err("logprobs", e))?;
-    let sampled = sampled_at
-        .try_as_slice::<f32>()
-        .map_err(|e| read_err("logprobs", e))?;
-    let (top_ids, top_vals) = match &top {
-        Some((i, v)) => (
-            i.try_as_slice::<u32>()
-                .map_err(|e| read_err("top logprobs", e))?,
-            v.try_as_slice::<f32>()
-                .map_err(|e| read_err("top logprobs", e))?,
-        ),
-        None => (&[][..], &[][..]),
-    };
-    Ok(chosen
-        .iter()
-        .enumerate()
-        .map(|(r, c)| {
-            let want = seqs[c.seq].top_logprobs.min(vocab);
-            let top = if want > 0 {
-                let mut pairs = crate::logprobs::sorted_pairs(
-                    &top_ids[r * k..(r + 1) * k],
-                    &top_vals[r * k..(r + 1) * k],
-                );
-                pairs.truncate(want);
-                pairs
-            } else {
-                Vec::new()
-            };
-            (ids[r], raw[r], sampled[r], top)
-        })
-        .collect())
+    Ok(PendingReads {
+        tokens,
+        raw_at,
+        sampled_at,
+        top,
+        k,
+        vocab,
+    })
 }

@@ -21,6 +21,13 @@ pub trait CausalLm {
     /// Errors: a token id `>= vocab_size`; MLX errors.
     fn forward(&self, rows: &mut [RowInput<'_>]) -> Result<Vec<Array>>;
 
+    /// As [`CausalLm::forward`] for rows that each feed one token whose ids
+    /// are on the device: `ids: [R]` uint32 (lazy, in row order, each below
+    /// `vocab_size`: the caller clamps), used instead of the rows' `tokens`
+    /// (which must each have length 1; their values are ignored). This lets
+    /// a decode step be built before the previous step's tokens are read.
+    fn forward_device_ids(&self, rows: &mut [RowInput<'_>], ids: &Array) -> Result<Vec<Array>>;
+
     /// A fresh KV cache for one row.
     fn new_cache(&self) -> KvCache;
 
@@ -45,6 +52,10 @@ impl CausalLm for super::Llama {
         super::Llama::forward(self, rows)
     }
 
+    fn forward_device_ids(&self, rows: &mut [RowInput<'_>], ids: &Array) -> Result<Vec<Array>> {
+        super::Llama::forward_ids(self, rows, Some(ids))
+    }
+
     fn new_cache(&self) -> KvCache {
         super::Llama::new_cache(self)
     }
@@ -65,6 +76,10 @@ impl CausalLm for super::gemma3::Gemma3 {
 
     fn forward(&self, rows: &mut [RowInput<'_>]) -> Result<Vec<Array>> {
         super::gemma3::Gemma3::forward(self, rows)
+    }
+
+    fn forward_device_ids(&self, rows: &mut [RowInput<'_>], ids: &Array) -> Result<Vec<Array>> {
+        super::gemma3::Gemma3::forward_ids(self, rows, Some(ids))
     }
 
     fn new_cache(&self) -> KvCache {

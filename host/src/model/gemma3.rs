@@ -97,6 +97,17 @@ impl Gemma3 {
     ///
     /// Errors: a token id `>= vocab_size`; MLX errors.
     pub fn forward(&self, rows: &mut [RowInput<'_>]) -> Result<Vec<Array>> {
+        self.forward_ids(rows, None)
+    }
+
+    /// [`Gemma3::forward`], with the packed token ids taken from
+    /// `device_ids` (`[N]` uint32, lazy) instead of the rows' `tokens` when
+    /// given (see [`super::CausalLm::forward_device_ids`]).
+    pub fn forward_ids(
+        &self,
+        rows: &mut [RowInput<'_>],
+        device_ids: Option<&Array>,
+    ) -> Result<Vec<Array>> {
         let c = &self.config;
         let Some(ragged::Packed {
             ids,
@@ -106,6 +117,7 @@ impl Gemma3 {
         else {
             return Ok(ragged::no_logits(rows.len(), c.vocab_size));
         };
+        let ids = device_ids.cloned().unwrap_or(ids);
         let eps = c.rms_norm_eps;
         let scale = Array::from_f32(Self::embed_scale(c)).as_dtype(self.dtype)?;
         let mut h = ops::multiply(&self.embed.lookup(&ids, self.dtype)?, &scale)?;

@@ -113,6 +113,13 @@ pub struct Manifest {
     /// the host sends an SSE comment (`:`), which parsers ignore.
     #[serde(default)]
     pub stream_keep_alive: Option<KeepAliveEvent>,
+    /// Samplers and logits processors: the plugin's `sample` / `process`
+    /// never read the history's last token and its `accept` keeps no state,
+    /// so the host may run a row's next step before it has read the token
+    /// this step chose (decode lookahead, `--decode-lookahead`). Default
+    /// `false`: the host always reads a token before the row's next call.
+    #[serde(default)]
+    pub history_free: bool,
 }
 
 /// An SSE event (`event:` name and one `data:` line) from a manifest.

@@ -163,6 +163,8 @@ pub struct RowChain {
     sampler_ticks: u64,
     /// Wall time spent inside plugin calls (instantiation excluded).
     pub plugin_time: Duration,
+    /// Every plugin in the chain declares `history_free` in its manifest.
+    history_free: bool,
 }
 
 pub(crate) fn failed(plugin: &str, cause: impl std::fmt::Display) -> PluginError {
@@ -267,6 +269,12 @@ pub trait TokenChain {
     fn sampler_name(&self) -> &str;
     /// Time spent choosing tokens (inside plugin calls, for the plugin chain).
     fn chain_time(&self) -> Duration;
+    /// True when `step` ignores the history's last token and `accept` keeps
+    /// no state, so the engine may run the row's next step before reading
+    /// the token this one chose (decode lookahead). Default false.
+    fn history_free(&self) -> bool {
+        false
+    }
 }
 
 impl RowChain {
@@ -286,8 +294,10 @@ impl RowChain {
         let extra_for =
             |name: &str, defaults: serde_json::Value| merged_params(name, defaults, plugin_params);
         let mut procs = Vec::with_capacity(processors.len());
+        let mut history_free = true;
         for name in processors {
             let p = host.get(name, Kind::LogitsProcessor)?;
+            history_free &= p.manifest.history_free;
             let pre = p
                 .processor
                 .as_ref()
@@ -312,6 +322,7 @@ impl RowChain {
             });
         }
         let p = host.get(sampler, Kind::Sampler)?;
+        history_free &= p.manifest.history_free;
         let pre = p
             .sampler
             .as_ref()
@@ -339,6 +350,7 @@ impl RowChain {
             processor_ticks: host.deadline_ticks(Kind::LogitsProcessor),
             sampler_ticks: host.deadline_ticks(Kind::Sampler),
             plugin_time: Duration::ZERO,
+            history_free,
         })
     }
 }
@@ -371,6 +383,9 @@ macro_rules! forward_token_chain {
             }
             fn chain_time(&self) -> Duration {
                 (**self).chain_time()
+            }
+            fn history_free(&self) -> bool {
+                (**self).history_free()
             }
         }
     )*};
@@ -496,5 +511,9 @@ impl TokenChain for RowChain {
 
     fn chain_time(&self) -> Duration {
         self.plugin_time
+    }
+
+    fn history_free(&self) -> bool {
+        self.history_free
     }
 }
