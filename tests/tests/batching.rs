@@ -561,6 +561,28 @@ fn decode_lookahead_gives_the_same_output_and_cache_entries() {
             "row {i}"
         );
     }
+    // A plugin that reads the history (repetition_penalty) keeps its row,
+    // and so the batch, out of the lookahead.
+    let penalized = request(
+        &prompt(&f, 2),
+        12,
+        "standard",
+        &["repetition-penalty"],
+        SamplingParams {
+            temperature: 0.0,
+            repetition_penalty: 1.3,
+            ..Default::default()
+        },
+        json.clone(),
+    );
+    let (_, stats) = run_with_stats(
+        &f,
+        config(true),
+        &[(penalized, 0, None), (greedy_row(0, 12), 0, None)],
+        None,
+    );
+    let both_running = stats.by_batch_size.iter().filter(|b| b.rows == 2);
+    assert_eq!(both_running.map(|b| b.lookahead_steps).sum::<u64>(), 0);
     assert_eq!(summary(&on[2].borrow()).finish_reason, FinishReason::Stop);
     assert_eq!(
         summary(&on[4].borrow()).finish_reason,

@@ -130,11 +130,14 @@ pub struct ServeArgs {
     #[arg(long, alias = "prefill-step-size")]
     prefill_budget: Option<usize>,
     /// Start each decode step before the previous one's tokens are read, so
-    /// the host builds step N+1 while the device computes step N (rows
+    /// the host builds step N+1 while the device computes step N (for rows
     /// whose plugins all declare `history_free`: the standard sampler and
-    /// logit_bias). `auto`: on with a GPU backend, off on the CPU.
-    #[arg(long, value_enum, default_value_t = Toggle::Auto, env = "MLXHOST_DECODE_LOOKAHEAD")]
-    decode_lookahead: Toggle,
+    /// logit_bias). Off by default: measured, it gains nothing on this
+    /// project's CPU and H200 with SmolLM2, whose steps are bound by the
+    /// host's kernel launches or the CPU's products (docs/benchmarks.md);
+    /// it is for devices whose compute per step outweighs building it.
+    #[arg(long, env = "MLXHOST_DECODE_LOOKAHEAD")]
+    decode_lookahead: bool,
     /// Linear memory cap per sampler/processor instance, MiB.
     #[arg(long, default_value_t = 64)]
     plugin_memory: usize,
@@ -429,7 +432,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 SchedulerConfig::default().prefill_chunk
             },
             memory_budget,
-            decode_lookahead: args.decode_lookahead.resolve(gpu),
+            decode_lookahead: args.decode_lookahead,
         },
     };
     let summary_plugins = live.clone();
@@ -471,26 +474,4 @@ fn open_response_store(
         anyhow::anyhow!("cannot open the response store {where_} (--ssd-cache): {e}")
     })?;
     Ok(Some(std::sync::Arc::new(store)))
-}
-
-/// An on/off switch whose `auto` depends on the backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Toggle {
-    /// Decided by the backend (see the flag).
-    Auto,
-    /// Always on.
-    On,
-    /// Always off.
-    Off,
-}
-
-impl Toggle {
-    /// `auto` is `gpu`.
-    pub fn resolve(self, gpu: bool) -> bool {
-        match self {
-            Toggle::Auto => gpu,
-            Toggle::On => true,
-            Toggle::Off => false,
-        }
-    }
 }

@@ -74,14 +74,15 @@ impl Default for SchedulerConfig {
 }
 
 /// Decode lookahead where no flag says (`mlxhost generate`, `bench`):
-/// `MLXHOST_DECODE_LOOKAHEAD=on|off`, else on with a GPU backend (as
-/// `serve --decode-lookahead auto`).
+/// `MLXHOST_DECODE_LOOKAHEAD` set to `1`, `true`, `on` or `yes` (as `serve
+/// --decode-lookahead` reads it); off otherwise.
 pub fn default_decode_lookahead() -> bool {
-    match std::env::var("MLXHOST_DECODE_LOOKAHEAD").as_deref() {
-        Ok("on") => true,
-        Ok("off") => false,
-        _ => crate::runtime::gpu_available(),
-    }
+    std::env::var("MLXHOST_DECODE_LOOKAHEAD").is_ok_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "1" | "true" | "on" | "yes"
+        )
+    })
 }
 
 /// Default `--batch` (chosen by measurement: `docs/benchmarks.md`).
