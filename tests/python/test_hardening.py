@@ -257,7 +257,9 @@ def test_a_full_queue_answers_503_with_retry_after(strict):
 
     def long_one():
         with strict.http() as h:
-            results.append(h.post("/v1/chat/completions", json={"messages": chat("Tell a story."), "max_tokens": 150}).status_code)
+            # Longer than the strict server's 3 s request timeout at any speed we reach, so
+            # the queue stays full while the loop below asks.
+            results.append(h.post("/v1/chat/completions", json={"messages": chat("Tell a story."), "max_tokens": 1000, "temperature": 0}).status_code)
 
     threads = [threading.Thread(target=long_one) for _ in range(2)]
     for t in threads:
