@@ -148,10 +148,14 @@ pub(crate) fn run(
         None
     } else {
         let reads = Rc::new(build_reads(&chosen, seqs)?);
-        // Queued before any lookahead, so reading them waits for this step only.
-        let mut arrays = reads.arrays();
-        arrays.extend(members.iter().flat_map(|&(i, _, _)| seqs[i].cache.arrays()));
-        async_eval(arrays)?;
+        if lookahead {
+            // Queued before any lookahead, so reading them waits for this
+            // step only. (Without one, the read below evaluates everything
+            // in one call, which costs less on the CPU.)
+            let mut arrays = reads.arrays();
+            arrays.extend(members.iter().flat_map(|&(i, _, _)| seqs[i].cache.arrays()));
+            async_eval(arrays)?;
+        }
         Some(reads)
     };
     if lookahead {
@@ -171,7 +175,11 @@ pub(crate) fn run(
     }
 
     if let Some(reads) = &current {
-        let read = reads.read()?;
+        let caches = members
+            .iter()
+            .flat_map(|&(i, _, _)| seqs[i].cache.arrays())
+            .collect();
+        let read = reads.read(caches)?;
         for (r, c) in chosen.iter().enumerate() {
             outcomes[c.seq] =
                 token_outcome(&seqs[c.seq], read.row(r, seqs[c.seq].top_logprobs), vocab);
@@ -192,7 +200,7 @@ pub(crate) fn run(
                 let at = match read_cache.iter().position(|(r, _)| Rc::ptr_eq(r, &reads)) {
                     Some(at) => at,
                     None => {
-                        let back = reads.read()?;
+                        let back = reads.read(Vec::new())?;
                         read_cache.push((reads.clone(), back));
                         read_cache.len() - 1
                     }
@@ -423,9 +431,12 @@ impl PendingReads {
         out
     }
 
-    /// Evaluates (waits for the step) and copies the results to the host.
-    fn read(&self) -> Result<ReadBack, GenerateError> {
-        eval(self.arrays())?;
+    /// Evaluates the results and `with` (the step's KV buffers) in one
+    /// call (waits for the step) and copies the results to the host.
+    fn read(&self, with: Vec<&Array>) -> Result<ReadBack, GenerateError> {
+        let mut arrays = self.arrays();
+        arrays.extend(with);
+        eval(arrays)?;
         let read_err = |what: &str, e: mlx_rs::error::AsSliceError| {
             GenerateError::Internal(format!("reading the step's {what}: {e}"))
         };
