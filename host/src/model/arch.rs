@@ -49,7 +49,7 @@ impl CausalLm for super::Llama {
     }
 
     fn forward(&self, rows: &mut [RowInput<'_>]) -> Result<Vec<Array>> {
-        super::Llama::forward(self, rows)
+        super::Llama::forward_ids(self, rows, None)
     }
 
     fn forward_device_ids(&self, rows: &mut [RowInput<'_>], ids: &Array) -> Result<Vec<Array>> {
@@ -75,7 +75,7 @@ impl CausalLm for super::gemma3::Gemma3 {
     }
 
     fn forward(&self, rows: &mut [RowInput<'_>]) -> Result<Vec<Array>> {
-        super::gemma3::Gemma3::forward(self, rows)
+        super::gemma3::Gemma3::forward_ids(self, rows, None)
     }
 
     fn forward_device_ids(&self, rows: &mut [RowInput<'_>], ids: &Array) -> Result<Vec<Array>> {

@@ -8,7 +8,7 @@
 //! Why: MLX's CPU backend costs tens of microseconds per op and a decode
 //! layer through MLX ops is about 25 ops; from 4-bit weights that overhead
 //! was larger than the products themselves (SmolLM2: ~25 of ~40 ms per
-//! token). The op keeps the math of [`super::Llama::forward`] (the tests
+//! token). The op keeps the math of [`super::Llama::forward_ids`] (the tests
 //! compare both paths) and the cache contract of
 //! [`super::decode_attention`]: a decoding row owns its KV buffers.
 //!

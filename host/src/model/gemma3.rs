@@ -93,16 +93,11 @@ impl Gemma3 {
 
     /// Runs the rows' new tokens through the model, extending each row's
     /// cache, and returns per row the logits `[n, V]` (float32, lazy) for
-    /// positions `logits_from..tokens.len()`.
+    /// positions `logits_from..tokens.len()`. With `device_ids` (`[N]`
+    /// uint32, lazy) the packed token ids come from it instead of the rows'
+    /// `tokens` (see [`super::CausalLm::forward_device_ids`]).
     ///
     /// Errors: a token id `>= vocab_size`; MLX errors.
-    pub fn forward(&self, rows: &mut [RowInput<'_>]) -> Result<Vec<Array>> {
-        self.forward_ids(rows, None)
-    }
-
-    /// [`Gemma3::forward`], with the packed token ids taken from
-    /// `device_ids` (`[N]` uint32, lazy) instead of the rows' `tokens` when
-    /// given (see [`super::CausalLm::forward_device_ids`]).
     pub fn forward_ids(
         &self,
         rows: &mut [RowInput<'_>],

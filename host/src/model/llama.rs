@@ -190,17 +190,12 @@ pub struct RowInput<'a> {
 impl Llama {
     /// Runs the rows' new tokens through the model, extending each row's
     /// cache, and returns per row the logits `[n, V]` (float32, lazy) for
-    /// positions `logits_from..tokens.len()`.
+    /// positions `logits_from..tokens.len()`. With `device_ids` (`[N]`
+    /// uint32, lazy) the packed token ids come from it instead of the rows'
+    /// `tokens` (see [`super::CausalLm::forward_device_ids`]).
     ///
     /// Errors: [`ModelError::TokenOutOfRange`] for an id `>= vocab_size`;
     /// MLX errors from graph construction.
-    pub fn forward(&self, rows: &mut [RowInput<'_>]) -> Result<Vec<Array>> {
-        self.forward_ids(rows, None)
-    }
-
-    /// [`Llama::forward`], with the packed token ids taken from `device_ids`
-    /// (`[N]` uint32, lazy) instead of the rows' `tokens` when given (see
-    /// [`super::CausalLm::forward_device_ids`]).
     pub fn forward_ids(
         &self,
         rows: &mut [RowInput<'_>],
