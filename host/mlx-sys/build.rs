@@ -110,6 +110,7 @@ fn main() {
         .file(native.join("logsumexp.cpp"))
         .file(native.join("top_p.cpp"))
         .file(native.join("categorical.cpp"))
+        .file(native.join("graph_census.cpp"))
         .include(&mlx_c_root)
         .include(mlx_dir.join("include"))
         .opt_level(3)

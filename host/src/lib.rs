@@ -9,6 +9,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod cache;
+pub mod census;
 pub mod engine;
 pub mod logprobs;
 pub mod model;

@@ -250,6 +250,11 @@ def serve_checks(args, record):
         used = any("CUDA kernel in use" in l for l in lines)
         report("serve.slab_attention_kernel", used or args.record is not None,
                why=(lines[0][-300:] if lines else "no slab attention line in the server log"))
+        # The layer's fused SwiGLU and add+RMSNorm kernels (model::cuda_fused), likewise.
+        lines = [l for l in open(s.log.name).read().splitlines() if "fused" in l and "CUDA" in l]
+        used = any("kernels in use" in l for l in lines)
+        report("serve.fused_kernels", used or args.record is not None,
+               why=(lines[0][-300:] if lines else "no fused-kernel line in the server log"))
 
         plugin_checks(s, msgs[0])
 

@@ -54,6 +54,18 @@ extern "C" {
         scale: f32,
     ) -> ::std::os::raw::c_int;
 
+    /// A census of the unevaluated graph behind `arrays`
+    /// (`native/graph_census.cpp`): "Name count" lines, most frequent first,
+    /// written NUL-terminated into `buf` (at most `len` bytes). Returns the
+    /// number of primitives an eval would run, or -1 after reporting the
+    /// error through mlx-c's handler.
+    pub fn mlxhost_graph_census(
+        arrays: *const mlx_array,
+        count: ::std::os::raw::c_int,
+        buf: *mut ::std::os::raw::c_char,
+        len: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int;
+
     /// mlxhost's row-wise logsumexp (`native/logsumexp.cpp`, CPU only):
     /// builds `out` `[R, 1]` float32 = log(sum(exp(x))) of each row of x
     /// `[R, V]` lazily, with 16-lane exponentials. Returns 0, or 1 after

@@ -78,6 +78,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let mut times = Vec::new();
     let mut build_times = Vec::new();
+    let mut census = None;
     for step in 0..args.decode_tokens + 3 {
         let started = Instant::now();
         let tokens: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
@@ -98,6 +99,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let built = started.elapsed();
         let mut arrays = vec![&chosen];
         arrays.extend(caches.iter().flat_map(|c| c.arrays()));
+        if step == 3 {
+            census = Some(mlxhost::census::graph_census(&arrays)?);
+        }
         eval(arrays)?;
         next = chosen.as_slice::<u32>().to_vec();
         if step >= 3 {
@@ -121,6 +125,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "decode_tok_s": 1e3 / decode_ms,
         "decode_ms_per_step": decode_ms,
         "decode_graph_build_ms": build_ms,
+        "decode_step_primitives": census,
         "decode_aggregate_tok_s": batch as f64 * 1e3 / decode_ms,
         "peak_rss_mib": peak_rss_mib(),
     });

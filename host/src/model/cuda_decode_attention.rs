@@ -18,17 +18,18 @@
 //! inputs; otherwise the slab keeps the masked SDPA.
 //! `MLXHOST_SLAB_ATTENTION=sdpa` switches it off.
 
-use std::ffi::CString;
 use std::sync::OnceLock;
 
-use mlx_rs::{error::Exception, Array, Dtype, StreamOrDevice};
+use mlx_rs::{Array, Dtype};
 
+use super::cuda_kernel::{float_bits, CudaKernel, TemplateArg};
 use super::error::Result;
 
 const WARPS: i32 = 4;
 
 /// The kernel body (MLX writes the signature: `q`, `keys`, `values`,
-/// `lens`, `scale` in, `out` out; `T` and `D` are template constants).
+/// `lens` in, `out` out; `T`, `D` and `SCALE_BITS`, the score scale's
+/// float32 bits, are template constants).
 const SOURCE: &str = r#"
   constexpr int WARPS = 4;
   constexpr int PER = D / 32;
@@ -42,7 +43,7 @@ const SOURCE: &str = r#"
   const int cap = keys_shape[2];
   const int kvh = h / (H / Hkv);
   const int n = min(lens[r] + 1, cap);
-  const float sc = scale[0];
+  const float sc = __int_as_float(SCALE_BITS);
   const T* qp = q + ((long long)r * H + h) * D;
   const long long base = ((long long)r * Hkv + kvh) * (long long)cap * D;
   const T* kp = keys + base;
@@ -109,51 +110,16 @@ const SOURCE: &str = r#"
   }
 "#;
 
-/// The compiled kernel handle (MLX caches the compiled module by name).
-struct Kernel(mlx_sys::mlx_fast_cuda_kernel);
-
-// SAFETY: the handle is an immutable description (name, source, argument
-// names) that MLX only reads; applying it from any thread is allowed.
-unsafe impl Send for Kernel {}
-unsafe impl Sync for Kernel {}
-
-fn kernel() -> &'static Kernel {
-    static K: OnceLock<Kernel> = OnceLock::new();
+fn kernel() -> &'static CudaKernel {
+    static K: OnceLock<CudaKernel> = OnceLock::new();
     K.get_or_init(|| {
-        let name = CString::new("mlxhost_slab_decode_attention").expect("no NUL");
-        let source = CString::new(SOURCE).expect("no NUL");
-        let header = CString::new("").expect("no NUL");
-        let strings = |names: &[&str]| {
-            let owned: Vec<CString> = names
-                .iter()
-                .map(|n| CString::new(*n).expect("no NUL"))
-                .collect();
-            let mut ptrs: Vec<*const std::os::raw::c_char> =
-                owned.iter().map(|c| c.as_ptr()).collect();
-            // SAFETY: the pointers are valid NUL-terminated strings for the
-            // call; the vector copies them.
-            unsafe { mlx_sys::mlx_vector_string_new_data(ptrs.as_mut_ptr(), ptrs.len()) }
-        };
-        let inputs = strings(&["q", "keys", "values", "lens", "scale"]);
-        let outputs = strings(&["out"]);
-        // SAFETY: all arguments are valid for the call; the kernel copies
-        // the names and source; the string vectors are freed after.
-        let k = unsafe {
-            let k = mlx_sys::mlx_fast_cuda_kernel_new(
-                name.as_ptr(),
-                inputs,
-                outputs,
-                source.as_ptr(),
-                header.as_ptr(),
-                // MLX copies an input only when it is not row-contiguous.
-                true,
-                0,
-            );
-            mlx_sys::mlx_vector_string_free(inputs);
-            mlx_sys::mlx_vector_string_free(outputs);
-            k
-        };
-        Kernel(k)
+        CudaKernel::new(
+            "mlxhost_slab_decode_attention",
+            &["q", "keys", "values", "lens"],
+            &["out"],
+            SOURCE,
+            "",
+        )
     })
 }
 
@@ -166,66 +132,20 @@ fn kernel() -> &'static Kernel {
 pub fn attend(q: &Array, keys: &Array, values: &Array, lens: &Array, scale: f32) -> Result<Array> {
     let (r, h, d) = (q.shape()[0], q.shape()[1], q.shape()[3]);
     let q = q.reshape(&[r, h, 1, d])?;
-    let scale = Array::from_slice(&[scale], &[1]);
-    let stream = StreamOrDevice::default();
-    let handles = [
-        q.as_ptr(),
-        keys.as_ptr(),
-        values.as_ptr(),
-        lens.as_ptr(),
-        scale.as_ptr(),
-    ];
     let shape = [r, h, 1, d];
-    let t = CString::new("T").expect("no NUL");
-    let dname = CString::new("D").expect("no NUL");
-    // SAFETY: every handle is alive for the call; the config and vectors
-    // are created and freed here; the output handle is wrapped in an
-    // `Array`, which frees it.
-    unsafe {
-        let config = mlx_sys::mlx_fast_cuda_kernel_config_new();
-        let mut status = mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(
-            config,
-            shape.as_ptr(),
-            shape.len(),
-            q.dtype() as mlx_sys::mlx_dtype,
-        );
-        status |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, h * 32 * WARPS, r, 1);
-        status |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(config, 32 * WARPS, 1, 1);
-        status |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_dtype(
-            config,
-            t.as_ptr(),
-            q.dtype() as mlx_sys::mlx_dtype,
-        );
-        status |=
-            mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(config, dname.as_ptr(), d);
-        let inputs = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), handles.len());
-        let mut outputs = mlx_sys::mlx_vector_array_new();
-        if status == 0 {
-            status = mlx_sys::mlx_fast_cuda_kernel_apply(
-                &mut outputs,
-                kernel().0,
-                inputs,
-                config,
-                stream.as_ref().as_ptr(),
-            );
-        }
-        let mut out = mlx_sys::mlx_array_new();
-        if status == 0 && mlx_sys::mlx_vector_array_size(outputs) == 1 {
-            status = mlx_sys::mlx_vector_array_get(&mut out, outputs, 0);
-        } else if status == 0 {
-            status = 1;
-        }
-        let out = Array::from_ptr(out);
-        mlx_sys::mlx_vector_array_free(outputs);
-        mlx_sys::mlx_vector_array_free(inputs);
-        mlx_sys::mlx_fast_cuda_kernel_config_free(config);
-        if status != 0 {
-            return Err(
-                Exception::custom("slab decode attention: the CUDA kernel was refused").into(),
-            );
-        }
-        Ok(out)
-    }
+    let mut out = kernel().apply(
+        "slab decode attention",
+        &[&q, keys, values, lens],
+        &[(&shape, q.dtype())],
+        (h * 32 * WARPS, r, 1),
+        (32 * WARPS, 1, 1),
+        &[
+            TemplateArg::Dtype("T", q.dtype()),
+            TemplateArg::Int("D", d),
+            TemplateArg::Int("SCALE_BITS", float_bits(scale)),
+        ],
+    )?;
+    Ok(out.remove(0))
 }
 
 /// Whether the slab's multi-row attention uses [`attend`] for activations

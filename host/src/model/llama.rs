@@ -19,6 +19,7 @@ use mlx_rs::{
 
 use super::config::ModelConfig;
 use super::cpu_quant::Kernel;
+use super::cuda_fused;
 use super::decode_layer::{decode_layer, FusedLayer, LayerShape};
 use super::error::{ModelError, Result};
 use super::linear::{Embedding, Linear};
@@ -219,21 +220,48 @@ impl Llama {
         let mut slab = self.begin_slab_step(rows)?;
         let mut h = self.embed.lookup(&ids, self.dtype)?;
         let eps = self.config.rms_norm_eps;
+        let fused = cuda_fused::available(self.dtype);
+        let mut x = match self.layers.first() {
+            Some(first) => fast::rms_norm(&h, Some(&first.input_norm), eps)?,
+            None => h.clone(),
+        };
         for (l, layer) in self.layers.iter().enumerate() {
-            let x = fast::rms_norm(&h, Some(&layer.input_norm), eps)?;
             let attn = self.attention(l, layer, &x, rows, &lens, &positions, slab.as_mut())?;
-            h = ops::add(&h, &layer.o_proj.forward_with(&attn, self.layer_kernel)?)?;
-            let x = fast::rms_norm(&h, Some(&layer.post_attention_norm), eps)?;
-            let gu = layer.gate_up.forward(&x, self.layer_kernel)?;
-            let (gate, up) = (&gu[0], &gu[1]);
-            let act = ops::multiply(ops::multiply(gate, ops::sigmoid(gate)?)?, up)?;
-            h = ops::add(&h, &layer.down_proj.forward_with(&act, self.layer_kernel)?)?;
+            let o = layer.o_proj.forward_with(&attn, self.layer_kernel)?;
+            (h, x) = add_rms_norm(&h, &o, &layer.post_attention_norm, eps, fused)?;
+            let act = self.swiglu(layer, &x, fused)?;
+            let down = layer.down_proj.forward_with(&act, self.layer_kernel)?;
+            // The residual add and the next layer's input norm, as one kernel
+            // where fused; the last layer's norm is the head's.
+            match self.layers.get(l + 1) {
+                Some(next) => (h, x) = add_rms_norm(&h, &down, &next.input_norm, eps, fused)?,
+                None => h = ops::add(&h, &down)?,
+            }
         }
         drop(slab);
         for (row, &t) in rows.iter_mut().zip(&lens) {
             row.cache.advance(t);
         }
         self.head(&h, rows, &lens)
+    }
+
+    /// The MLP's activation `silu(gate) * up` of `x: [N, E]` -> `[N, I]`:
+    /// one fused CUDA kernel over the fused gate/up product where `fused`
+    /// ([`cuda_fused::available`]), else MLX's ops.
+    fn swiglu(&self, layer: &Layer, x: &Array, fused: bool) -> Result<Array> {
+        if fused {
+            if let Projections::Fused(lin, widths) = &layer.gate_up {
+                if widths.len() == 2 && widths[0] == widths[1] {
+                    return cuda_fused::swiglu(&lin.forward_with(x, self.layer_kernel)?);
+                }
+            }
+        }
+        let gu = layer.gate_up.forward(x, self.layer_kernel)?;
+        let (gate, up) = (&gu[0], &gu[1]);
+        Ok(ops::multiply(
+            ops::multiply(gate, ops::sigmoid(gate)?)?,
+            up,
+        )?)
     }
 
     /// Starts the step's use of the decode slab ([`crate::cache::slab`])
@@ -551,6 +579,22 @@ impl Llama {
     pub fn nbytes(&self) -> usize {
         self.parameters().iter().map(|a| a.nbytes()).sum()
     }
+}
+
+/// The residual add `h + y` and RMSNorm of the sum with weight `w`
+/// (`[N, E]` each; returns `(sum, normed)`): one fused CUDA kernel where
+/// `fused` ([`cuda_fused::available`]) and the three share a dtype, else
+/// MLX's two ops.
+fn add_rms_norm(h: &Array, y: &Array, w: &Array, eps: f32, fused: bool) -> Result<(Array, Array)> {
+    // One thread block per row along the grid's y axis, which CUDA caps at
+    // 65535 blocks.
+    let rows_fit = h.shape().first().is_some_and(|&n| n <= 65_535);
+    if fused && y.dtype() == h.dtype() && w.dtype() == h.dtype() && h.ndim() == 2 && rows_fit {
+        return cuda_fused::add_rms_norm(h, y, w, eps);
+    }
+    let sum = ops::add(h, y)?;
+    let normed = fast::rms_norm(&sum, Some(w), eps)?;
+    Ok((sum, normed))
 }
 
 /// Picks, out of a packed `[N, ...]` tensor, the tokens of the rows that

@@ -8,6 +8,8 @@ pub mod config;
 pub mod convert;
 pub mod cpu_quant;
 pub mod cuda_decode_attention;
+pub mod cuda_fused;
+pub mod cuda_kernel;
 pub mod decode_attention;
 pub mod decode_layer;
 pub mod error;
