@@ -106,6 +106,20 @@ fn run_one<'s>(
         while !scheduler.is_idle() {
             scheduler.step(model, prompt_cache.as_deref_mut());
         }
+        // Where the steps' time went (`MLXHOST_LOG=debug`): the same
+        // breakdown `/stats` gives a server, for one request.
+        for s in scheduler.stats().by_batch_size {
+            tracing::debug!(
+                rows = s.rows,
+                steps = s.steps,
+                step_ms = s.step_ms,
+                forward_graph_ms = s.forward_graph_ms,
+                forward_build_ms = s.forward_build_ms,
+                plugin_ms = s.plugin_ms,
+                eval_ms = s.eval_ms,
+                "step timing"
+            );
+        }
     }
     result
         .into_inner()

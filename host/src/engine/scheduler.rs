@@ -130,6 +130,9 @@ pub struct BatchSizeStats {
     pub plugin_share: f64,
     /// Mean time building the forward's graph per step, ms (host work).
     pub forward_graph_ms: f64,
+    /// Of `forward_graph_ms`, building the graph before handing it to
+    /// MLX's evaluation (the rest is the hand-off: launching kernels).
+    pub forward_build_ms: f64,
     /// Mean time in the step's evaluation and read-back per step, ms (on a
     /// GPU: kernel launches and waiting for the device).
     pub eval_ms: f64,
@@ -167,6 +170,7 @@ struct SizeAcc {
     time: Duration,
     plugins: Duration,
     forward: Duration,
+    forward_build: Duration,
     eval: Duration,
     lookahead_steps: u64,
 }
@@ -378,6 +382,7 @@ impl<'s> Scheduler<'s> {
                     let plugin_ms = acc.plugins.as_secs_f64() * 1e3 / n;
                     BatchSizeStats {
                         forward_graph_ms: acc.forward.as_secs_f64() * 1e3 / n,
+                        forward_build_ms: acc.forward_build.as_secs_f64() * 1e3 / n,
                         eval_ms: acc.eval.as_secs_f64() * 1e3 / n,
                         lookahead_steps: acc.lookahead_steps,
                         rows,
@@ -409,6 +414,7 @@ impl<'s> Scheduler<'s> {
         acc.time += elapsed;
         acc.plugins += report.timing.plugins;
         acc.forward += report.timing.forward;
+        acc.forward_build += report.timing.forward_build;
         acc.eval += report.timing.eval;
         acc.lookahead_steps += u64::from(report.timing.lookahead);
     }

@@ -52,8 +52,11 @@ pub(crate) enum RowOutcome {
 /// Where one step's time went.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StepTiming {
-    /// Building the forward's graph.
+    /// Building the forward's graph and handing its logits to MLX's
+    /// evaluation (on a GPU that launches the kernels).
     pub forward: Duration,
+    /// Of `forward`, building the graph alone (before the hand-off).
+    pub forward_build: Duration,
     /// Inside the rows' plugin chains (graph building, read-backs).
     pub plugins: Duration,
     /// The step's evaluation and reading its results back.
@@ -116,6 +119,7 @@ pub(crate) fn run(
     for &(i, n, _) in &members {
         seqs[i].fed(n);
     }
+    timing.forward_build = started.elapsed();
     let wanted: Vec<&Array> = logits.iter().filter(|l| l.shape()[0] > 0).collect();
     async_eval(wanted)?;
     timing.forward = started.elapsed();

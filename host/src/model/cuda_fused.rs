@@ -7,7 +7,10 @@
 //!   two, returning both the new residual stream and its normalized copy.
 //!
 //! On the H200 a SmolLM2 decode step is the host encoding ~15 kernels per
-//! layer; these take 4 of them away per layer (docs/benchmarks.md).
+//! layer; these take 4 of them away per layer, yet measured slower there
+//! (decode 3.5 vs 2.9 ms/token: each custom kernel costs more to build and
+//! launch than the ops it replaces; docs/benchmarks.md), so they are
+//! opt-in: `MLXHOST_FUSED_KERNELS=on`.
 //!
 //! Same values as the ops they replace: every elementwise step is MLX's own
 //! device functor (`Sigmoid`, `Multiply`, `Add` from MLX's
@@ -18,8 +21,7 @@
 //! and moved the converted model's scores by 0.03 nats: compiled kernels
 //! keep intermediates in float32.) Each kernel is checked against MLX's ops
 //! on random inputs at its first use per dtype ([`available`]); any
-//! compile error or mismatch keeps MLX's ops. `MLXHOST_FUSED_KERNELS=off`
-//! switches both off.
+//! compile error or mismatch keeps MLX's ops.
 
 use std::sync::OnceLock;
 
@@ -162,8 +164,8 @@ pub fn add_rms_norm(h: &Array, y: &Array, w: &Array, eps: f32) -> Result<(Array,
 }
 
 /// Whether [`swiglu`] and [`add_rms_norm`] replace MLX's ops for
-/// activations of `dtype`: a CUDA backend, not switched off
-/// (`MLXHOST_FUSED_KERNELS=off`), and [`self_test`] passed in that dtype
+/// activations of `dtype`: a CUDA backend, switched on
+/// (`MLXHOST_FUSED_KERNELS=on`), and [`self_test`] passed in that dtype
 /// (checked once per dtype, at its first use).
 pub fn available(dtype: Dtype) -> bool {
     static F16: OnceLock<bool> = OnceLock::new();
@@ -176,7 +178,7 @@ pub fn available(dtype: Dtype) -> bool {
         _ => return false,
     };
     *cell.get_or_init(|| {
-        if std::env::var("MLXHOST_FUSED_KERNELS").as_deref() == Ok("off")
+        if std::env::var("MLXHOST_FUSED_KERNELS").as_deref() != Ok("on")
             || crate::runtime::backend_name() != "cuda"
         {
             return false;
