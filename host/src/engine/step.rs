@@ -3,9 +3,10 @@
 //! plugin chain on its own logits, then one evaluation of every row's token,
 //! log-probabilities and alternatives.
 //!
-//! The forward is started with `async_eval` before the plugin chains run, so
-//! their graph building overlaps the model's compute; a plugin that reads
-//! back waits for the forward inside its own call.
+//! The forward, the chains' sampling ops and the step's reads are evaluated
+//! together, once, after the chains ran (a plugin that reads back evaluates
+//! what it reads inside its own call). `MLXHOST_STEP_EARLY_EVAL=on` starts
+//! the forward's evaluation before the chains instead ([`early_forward_eval`]).
 //!
 //! **Decode lookahead** (`--decode-lookahead`): when every running row
 //! decodes and its chain is history-free ([`crate::plugin::TokenChain::history_free`]),
@@ -35,6 +36,19 @@ use crate::model::{LoadedModel, RowInput};
 use crate::plugin::session::Chosen;
 use crate::plugin::PluginError;
 
+/// Whether the forward's evaluation starts before the plugin chains run
+/// (`MLXHOST_STEP_EARLY_EVAL=on`). Off by default: the chains' graph
+/// building is ~0.04 ms a step, so there is little to overlap, and handing
+/// MLX the step in two evaluations (the logits, then the tokens and KV
+/// buffers) measured slower than one on both backends: a one-row SmolLM2
+/// step on the H200 spent 5.2 ms in the early `async_eval` alone against
+/// 2.7 ms for `bench`'s single evaluation of the same forward
+/// (docs/benchmarks.md, "The engine's step against `bench`").
+fn early_forward_eval() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLXHOST_STEP_EARLY_EVAL").as_deref() == Ok("on"))
+}
+
 /// What a step did for one row.
 pub(crate) enum RowOutcome {
     /// The row was not part of this step (no budget left for its prefill).
@@ -52,8 +66,9 @@ pub(crate) enum RowOutcome {
 /// Where one step's time went.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StepTiming {
-    /// Building the forward's graph and handing its logits to MLX's
-    /// evaluation (on a GPU that launches the kernels).
+    /// Building the forward's graph (and, with `MLXHOST_STEP_EARLY_EVAL=on`,
+    /// handing its logits to MLX's evaluation: on a GPU, launching the
+    /// kernels).
     pub forward: Duration,
     /// Of `forward`, building the graph alone (before the hand-off).
     pub forward_build: Duration,
@@ -120,8 +135,10 @@ pub(crate) fn run(
         seqs[i].fed(n);
     }
     timing.forward_build = started.elapsed();
-    let wanted: Vec<&Array> = logits.iter().filter(|l| l.shape()[0] > 0).collect();
-    async_eval(wanted)?;
+    if early_forward_eval() {
+        let wanted: Vec<&Array> = logits.iter().filter(|l| l.shape()[0] > 0).collect();
+        async_eval(wanted)?;
+    }
     timing.forward = started.elapsed();
 
     let mut outcomes: Vec<RowOutcome> = seqs.iter().map(|_| RowOutcome::Idle).collect();
