@@ -80,6 +80,7 @@ def main():
                 out = json.loads(p.stdout.strip().splitlines()[-1])
                 row = {"config": name, "batch": batch, "round": r,
                        "decode_ms_per_step": round(out["decode_ms_per_step"], 3),
+                       "decode_mean_ms": round(out.get("decode_mean_ms_per_step", float("nan")), 3),
                        "graph_build_ms": round(out["decode_graph_build_ms"], 3)}
                 print(json.dumps(row), flush=True)
                 results.setdefault((name, batch), []).append(row)
@@ -106,29 +107,45 @@ def main():
                               r"forward_graph_ms=([-\d.e+]+) forward_build_ms=([-\d.e+]+) plugin_ms=([-\d.e+]+) "
                               r"eval_ms=([-\d.e+]+)",
                               p.stderr)
+                # engine::generate's "step spread" line: the median one-request step.
+                sp = re.search(r"step spread steps=\d+ median=([-\d.e+]+) mean=([-\d.e+]+)",
+                               p.stderr)
+                if sp:
+                    row.update(step_median_ms=float(sp.group(1)), step_mean_ms=float(sp.group(2)))
                 if t:
                     row.update(step_ms=float(t.group(1)), forward_ms=float(t.group(2)),
                                build_ms=float(t.group(3)), plugin_ms=float(t.group(4)),
                                eval_ms=float(t.group(5)))
                 print(json.dumps(row), flush=True)
                 gen.setdefault(name, []).append(row)
-    print("\n| config | batch | decode ms/step (median) | runs | graph build ms |")
-    print("|---|---:|---:|---|---:|")
+    print("\n| config | batch | decode ms/step (median) | runs | mean ms/step | graph build ms |")
+    print("|---|---:|---:|---|---:|---:|")
     for (name, batch), rows in results.items():
         steps = [x["decode_ms_per_step"] for x in rows]
         builds = [x["graph_build_ms"] for x in rows]
         print(f"| {name} | {batch} | {statistics.median(steps):.2f} | "
-              f"{', '.join(f'{s:.2f}' for s in steps)} | {statistics.median(builds):.2f} |")
+              f"{', '.join(f'{s:.2f}' for s in steps)} | "
+              f"{statistics.median(x['decode_mean_ms'] for x in rows):.2f} | "
+              f"{statistics.median(builds):.2f} |")
     if gen:
         print("\n| config | generate tok/s (median) | runs | tokens | plugin share % | "
-              "step ms (forward incl. launch, plugins, eval) |")
-        print("|---|---:|---|---:|---:|---|")
+              "step ms median / mean | mean step ms (forward incl. launch, plugins, eval) |")
+        print("|---|---:|---|---:|---:|---|---|")
         for name, rows in gen.items():
             rates = [x["generate_tok_s"] for x in rows]
             print(f"| {name} | {statistics.median(rates):.1f} | "
                   f"{', '.join(f'{x:.1f}' for x in rates)} | {rows[0]['generate_tokens']} | "
                   f"{statistics.median(x['plugin_share'] for x in rows):.1f} | "
-                  f"{step_breakdown(rows)} |")
+                  f"{spread(rows)} | {step_breakdown(rows)} |")
+
+
+def spread(rows):
+    """Median over runs of each run's median and mean step ms."""
+    timed = [x for x in rows if "step_median_ms" in x]
+    if not timed:
+        return "-"
+    return (f"{statistics.median(x['step_median_ms'] for x in timed):.2f} / "
+            f"{statistics.median(x['step_mean_ms'] for x in timed):.2f}")
 
 
 def step_breakdown(rows):

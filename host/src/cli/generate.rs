@@ -127,7 +127,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         summary.prompt_tokens,
         summary.prompt_tokens as f64 / summary.prefill.as_secs_f64().max(1e-9),
         summary.completion_tokens,
-        summary.completion_tokens as f64 / decode_s.max(1e-9),
+        summary.decode_tok_s(),
         100.0 * summary.plugin_time.as_secs_f64() / decode_s.max(1e-9),
         summary.finish_reason,
     );

@@ -103,9 +103,13 @@ fn run_one<'s>(
                 result: &result,
             }),
         });
+        let mut step_ms = Vec::new();
         while !scheduler.is_idle() {
+            let started = std::time::Instant::now();
             scheduler.step(model, prompt_cache.as_deref_mut());
+            step_ms.push(started.elapsed().as_secs_f64() * 1e3);
         }
+        log_step_spread(step_ms);
         // Where the steps' time went (`MLXHOST_LOG=debug`): the same
         // breakdown `/stats` gives a server, for one request.
         for s in scheduler.stats().by_batch_size {
@@ -124,4 +128,26 @@ fn run_one<'s>(
     result
         .into_inner()
         .unwrap_or_else(|| Err(GenerateError::Internal("the request never finished".into())))
+}
+
+/// Logs (`MLXHOST_LOG=debug`) the spread of one request's step times, ms:
+/// the median beside the mean shows whether rare slow steps (a KV buffer
+/// growing, a first-seen shape) or every step set the decode rate.
+fn log_step_spread(mut step_ms: Vec<f64>) {
+    if step_ms.is_empty() || !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    step_ms.sort_by(f64::total_cmp);
+    let at = |q: f64| step_ms[((step_ms.len() - 1) as f64 * q).round() as usize];
+    let mean = step_ms.iter().sum::<f64>() / step_ms.len() as f64;
+    let slow: Vec<f64> = step_ms.iter().rev().take(5).copied().collect();
+    tracing::debug!(
+        steps = step_ms.len(),
+        median = at(0.5),
+        mean,
+        p90 = at(0.9),
+        p99 = at(0.99),
+        slowest = ?slow,
+        "step spread"
+    );
 }

@@ -83,20 +83,24 @@ pub struct GenerateSummary {
     pub completion_tokens: usize,
     /// The stop string that ended generation, if one did.
     pub stop_sequence: Option<String>,
-    /// Prefill wall time.
+    /// Prefill wall time: admission to the first token read back (the
+    /// prefill steps and the first token's evaluation, as mlx-lm's prompt
+    /// time; the whole run when no token came).
     pub prefill: Duration,
-    /// Decode wall time (all steps).
+    /// Decode wall time: from the first token read back to the end (the
+    /// steps that chose tokens 2..=`completion_tokens`).
     pub decode: Duration,
     /// Time inside plugin calls.
     pub plugin_time: Duration,
 }
 
 impl GenerateSummary {
-    /// Decode speed, tokens per second (0 when nothing was decoded).
+    /// Decode speed, tokens per second: the tokens after the first over
+    /// [`decode`](Self::decode) (0 when fewer than two were generated).
     pub fn decode_tok_s(&self) -> f64 {
         let s = self.decode.as_secs_f64();
         if s > 0.0 {
-            self.completion_tokens as f64 / s
+            self.completion_tokens.saturating_sub(1) as f64 / s
         } else {
             0.0
         }

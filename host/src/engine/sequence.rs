@@ -160,9 +160,6 @@ impl<'s> Sequence<'s> {
     /// Records that `n` more positions were fed (the step's forward ran).
     pub(crate) fn fed(&mut self, n: usize) {
         self.fed += n;
-        if self.fed >= self.prompt_len && self.prefill_done.is_none() {
-            self.prefill_done = Some(Instant::now());
-        }
     }
 
     /// Handles the token the step chose for this row: tells the chain,
@@ -177,6 +174,9 @@ impl<'s> Sequence<'s> {
         model: &LoadedModel,
     ) -> Result<Option<FinishReason>, GenerateError> {
         let id = info.id;
+        // The first token's read ends the prefill (mlx-lm's prompt time):
+        // the prefill step's evaluation counts there, not in decode.
+        self.prefill_done.get_or_insert_with(Instant::now);
         self.chain.accept(id, info.logprob, sampled_logprob)?;
         self.generated += 1;
         self.sink.event(GenerateEvent::Token(info));

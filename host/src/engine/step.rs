@@ -3,10 +3,11 @@
 //! plugin chain on its own logits, then one evaluation of every row's token,
 //! log-probabilities and alternatives.
 //!
-//! The forward, the chains' sampling ops and the step's reads are evaluated
-//! together, once, after the chains ran (a plugin that reads back evaluates
-//! what it reads inside its own call). `MLXHOST_STEP_EARLY_EVAL=on` starts
-//! the forward's evaluation before the chains instead ([`early_forward_eval`]).
+//! The forward is started with `async_eval` before the plugin chains run, so
+//! their graph building overlaps the model's compute; a plugin that reads
+//! back waits for the forward inside its own call. (Evaluating the whole
+//! step once, after the chains, measured no faster on the H200 or this
+//! CPU: docs/benchmarks.md, "Run 9".)
 //!
 //! **Decode lookahead** (`--decode-lookahead`): when every running row
 //! decodes and its chain is history-free ([`crate::plugin::TokenChain::history_free`]),
@@ -36,17 +37,19 @@ use crate::model::{LoadedModel, RowInput};
 use crate::plugin::session::Chosen;
 use crate::plugin::PluginError;
 
-/// Whether the forward's evaluation starts before the plugin chains run
-/// (`MLXHOST_STEP_EARLY_EVAL=on`). Off by default: the chains' graph
-/// building is ~0.04 ms a step, so there is little to overlap, and handing
-/// MLX the step in two evaluations (the logits, then the tokens and KV
-/// buffers) measured slower than one on both backends: a one-row SmolLM2
-/// step on the H200 spent 5.2 ms in the early `async_eval` alone against
-/// 2.7 ms for `bench`'s single evaluation of the same forward
-/// (docs/benchmarks.md, "The engine's step against `bench`").
-fn early_forward_eval() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MLXHOST_STEP_EARLY_EVAL").as_deref() == Ok("on"))
+/// At debug level (`MLXHOST_LOG=mlxhost::engine=debug`), the primitives of
+/// the 20th step read this process evaluates, by kind (`census`), to set
+/// beside `mlxhost bench`'s `decode_step_primitives`. Once per process.
+fn log_census_once(arrays: &[&Array]) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static READS: AtomicUsize = AtomicUsize::new(0);
+    if !tracing::enabled!(tracing::Level::DEBUG) || READS.fetch_add(1, Ordering::Relaxed) != 20 {
+        return;
+    }
+    match crate::census::graph_census(arrays) {
+        Ok(c) => tracing::debug!(total = c.total, by_kind = ?c.by_kind, "step census"),
+        Err(e) => tracing::debug!(error = %e, "step census failed"),
+    }
 }
 
 /// What a step did for one row.
@@ -66,9 +69,8 @@ pub(crate) enum RowOutcome {
 /// Where one step's time went.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StepTiming {
-    /// Building the forward's graph (and, with `MLXHOST_STEP_EARLY_EVAL=on`,
-    /// handing its logits to MLX's evaluation: on a GPU, launching the
-    /// kernels).
+    /// Building the forward's graph and handing its logits to MLX's
+    /// evaluation (on a GPU that launches the kernels).
     pub forward: Duration,
     /// Of `forward`, building the graph alone (before the hand-off).
     pub forward_build: Duration,
@@ -135,10 +137,8 @@ pub(crate) fn run(
         seqs[i].fed(n);
     }
     timing.forward_build = started.elapsed();
-    if early_forward_eval() {
-        let wanted: Vec<&Array> = logits.iter().filter(|l| l.shape()[0] > 0).collect();
-        async_eval(wanted)?;
-    }
+    let wanted: Vec<&Array> = logits.iter().filter(|l| l.shape()[0] > 0).collect();
+    async_eval(wanted)?;
     timing.forward = started.elapsed();
 
     let mut outcomes: Vec<RowOutcome> = seqs.iter().map(|_| RowOutcome::Idle).collect();
@@ -457,6 +457,7 @@ impl PendingReads {
     fn read(&self, with: Vec<&Array>) -> Result<ReadBack, GenerateError> {
         let mut arrays = self.arrays();
         arrays.extend(with);
+        log_census_once(&arrays);
         eval(arrays)?;
         let read_err = |what: &str, e: mlx_rs::error::AsSliceError| {
             GenerateError::Internal(format!("reading the step's {what}: {e}"))
