@@ -8,7 +8,7 @@ Usage: gpu_knobs.py BIN MODEL [--rounds N] [--batch 1 8] [--decode-tokens 256]
 With --generate it also runs `mlxhost generate` once per configuration and round (the engine's
 step with the plugin chain and logprob reads, as `serve` runs it) and reports its decode tok/s.
 Without --config it sweeps the knobs that decide how MLX's CUDA backend launches a step
-(docs/benchmarks.md, "MLX's CUDA launch knobs"): MLX's default (the kernels per CUDA graph
+(docs/benchmarks.md, "Run 9", "Launch knobs"): MLX's default (the kernels per CUDA graph
 commit, MLX_MAX_OPS_PER_BUFFER, is 100 on compute capability 9.0/10.0/12.0 and 20 elsewhere in
 MLX 0.32, `get_graph_limits` in mlx/backend/cuda/device.cpp), 20 and 300 kernels per commit,
 CUDA graphs off (MLX_USE_CUDA_GRAPHS=0), decode rows attending over their own caches instead of

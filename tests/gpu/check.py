@@ -264,7 +264,10 @@ def serve_checks(args, record):
         p = subprocess.run([args.bin, "generate", "--model", args.gguf, "--plugins", args.plugins,
                             "--prompt", conv[-1]["content"], "--max-tokens", "32"],
                            capture_output=True, text=True,
-                           env={**os.environ, "MLXHOST_FUSED_KERNELS": "on"})
+                           # The "kernels in use" line is logged at info; one-shot
+                           # commands log warnings only by default.
+                           env={**os.environ, "MLXHOST_FUSED_KERNELS": "on",
+                                "MLXHOST_LOG": "info"})
         used = "kernels in use" in p.stderr
         report("generate.fused_kernels", p.returncode == 0 and (used or args.record is not None)
                and p.stdout.strip() == out.strip(), used=used, generate=p.stdout.strip()[:80],

@@ -38,12 +38,13 @@ use crate::plugin::session::Chosen;
 use crate::plugin::PluginError;
 
 /// At debug level (`MLXHOST_LOG=mlxhost::engine=debug`), the primitives of
-/// the 20th step read this process evaluates, by kind (`census`), to set
-/// beside `mlxhost bench`'s `decode_step_primitives`. Once per process.
+/// the 20th step's forward by kind (`census`), to set beside `mlxhost
+/// bench`'s `decode_step_primitives` (the step's reads add ~16 more). Once
+/// per process.
 fn log_census_once(arrays: &[&Array]) {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    static READS: AtomicUsize = AtomicUsize::new(0);
-    if !tracing::enabled!(tracing::Level::DEBUG) || READS.fetch_add(1, Ordering::Relaxed) != 20 {
+    static FORWARDS: AtomicUsize = AtomicUsize::new(0);
+    if !tracing::enabled!(tracing::Level::DEBUG) || FORWARDS.fetch_add(1, Ordering::Relaxed) != 20 {
         return;
     }
     match crate::census::graph_census(arrays) {
@@ -138,6 +139,7 @@ pub(crate) fn run(
     }
     timing.forward_build = started.elapsed();
     let wanted: Vec<&Array> = logits.iter().filter(|l| l.shape()[0] > 0).collect();
+    log_census_once(&wanted);
     async_eval(wanted)?;
     timing.forward = started.elapsed();
 
@@ -457,7 +459,6 @@ impl PendingReads {
     fn read(&self, with: Vec<&Array>) -> Result<ReadBack, GenerateError> {
         let mut arrays = self.arrays();
         arrays.extend(with);
-        log_census_once(&arrays);
         eval(arrays)?;
         let read_err = |what: &str, e: mlx_rs::error::AsSliceError| {
             GenerateError::Internal(format!("reading the step's {what}: {e}"))
