@@ -22,7 +22,7 @@ use std::sync::OnceLock;
 
 use mlx_rs::{Array, Dtype};
 
-use super::cuda_kernel::{float_bits, CudaKernel, TemplateArg};
+use super::cuda_kernel::{float_bits, CudaKernel, SelfTestedGate, TemplateArg};
 use super::error::Result;
 
 const WARPS: i32 = 4;
@@ -153,40 +153,14 @@ pub fn attend(q: &Array, keys: &Array, values: &Array, lens: &Array, scale: f32)
 /// (`MLXHOST_SLAB_ATTENTION=sdpa`), and [`self_test`] passed in that dtype
 /// (checked once per dtype, at its first use).
 pub fn available(dtype: Dtype) -> bool {
-    static F16: OnceLock<bool> = OnceLock::new();
-    static BF16: OnceLock<bool> = OnceLock::new();
-    static F32: OnceLock<bool> = OnceLock::new();
-    let cell = match dtype {
-        Dtype::Float16 => &F16,
-        Dtype::Bfloat16 => &BF16,
-        Dtype::Float32 => &F32,
-        _ => return false,
-    };
-    *cell.get_or_init(|| {
-        if std::env::var("MLXHOST_SLAB_ATTENTION").as_deref() == Ok("sdpa")
-            || crate::runtime::backend_name() != "cuda"
-        {
-            return false;
-        }
-        match self_test(dtype) {
-            Ok(diff) if diff < 2e-2 => {
-                tracing::info!(?dtype, max_diff = diff, "slab decode attention: CUDA kernel in use");
-                true
-            }
-            Ok(diff) => {
-                tracing::warn!(
-                    ?dtype,
-                    max_diff = diff,
-                    "slab decode attention: the CUDA kernel disagrees with MLX's SDPA; using SDPA"
-                );
-                false
-            }
-            Err(e) => {
-                tracing::warn!(?dtype, error = %e, "slab decode attention: the CUDA kernel failed; using SDPA");
-                false
-            }
-        }
-    })
+    static GATE: SelfTestedGate =
+        SelfTestedGate::new("slab decode attention: CUDA kernel", "MLX's SDPA");
+    GATE.allows(
+        dtype,
+        || std::env::var("MLXHOST_SLAB_ATTENTION").as_deref() != Ok("sdpa"),
+        self_test,
+        |_| 2e-2,
+    )
 }
 
 /// Runs [`attend`] on random inputs of `dtype` (3 rows of different

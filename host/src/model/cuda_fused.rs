@@ -27,7 +27,9 @@ use std::sync::OnceLock;
 
 use mlx_rs::{error::Exception, fast, ops, ops::indexing::IndexOp, Array, Dtype};
 
-use super::cuda_kernel::{float_bits, relative_diff, CudaKernel, TemplateArg, ELEMENTWISE_HEADER};
+use super::cuda_kernel::{
+    float_bits, relative_diff, CudaKernel, SelfTestedGate, TemplateArg, ELEMENTWISE_HEADER,
+};
 use super::error::Result;
 
 const SWIGLU_SOURCE: &str = r#"
@@ -168,44 +170,14 @@ pub fn add_rms_norm(h: &Array, y: &Array, w: &Array, eps: f32) -> Result<(Array,
 /// (`MLXHOST_FUSED_KERNELS=on`), and [`self_test`] passed in that dtype
 /// (checked once per dtype, at its first use).
 pub fn available(dtype: Dtype) -> bool {
-    static F16: OnceLock<bool> = OnceLock::new();
-    static BF16: OnceLock<bool> = OnceLock::new();
-    static F32: OnceLock<bool> = OnceLock::new();
-    let cell = match dtype {
-        Dtype::Float16 => &F16,
-        Dtype::Bfloat16 => &BF16,
-        Dtype::Float32 => &F32,
-        _ => return false,
-    };
-    *cell.get_or_init(|| {
-        if std::env::var("MLXHOST_FUSED_KERNELS").as_deref() != Ok("on")
-            || crate::runtime::backend_name() != "cuda"
-        {
-            return false;
-        }
-        match self_test(dtype) {
-            Ok(diff) if diff <= tolerance(dtype) => {
-                tracing::info!(
-                    ?dtype,
-                    max_rel_diff = diff,
-                    "fused SwiGLU and add+RMSNorm CUDA kernels in use"
-                );
-                true
-            }
-            Ok(diff) => {
-                tracing::warn!(
-                    ?dtype,
-                    max_rel_diff = diff,
-                    "fused CUDA kernels disagree with MLX's ops; using MLX's ops"
-                );
-                false
-            }
-            Err(e) => {
-                tracing::warn!(?dtype, error = %e, "fused CUDA kernels failed; using MLX's ops");
-                false
-            }
-        }
-    })
+    static GATE: SelfTestedGate =
+        SelfTestedGate::new("fused SwiGLU and add+RMSNorm CUDA kernels", "MLX's ops");
+    GATE.allows(
+        dtype,
+        || std::env::var("MLXHOST_FUSED_KERNELS").as_deref() == Ok("on"),
+        self_test,
+        tolerance,
+    )
 }
 
 /// Largest relative difference the self-test accepts: two units in the

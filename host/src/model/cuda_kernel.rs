@@ -5,11 +5,16 @@
 //! lazy MLX primitive, so one kernel launch in the step's graph.
 //!
 //! Why our own kernels on a GPU: a small model's decode step there is bound
-//! by the host encoding and launching ~5 µs per kernel, not by the device
-//! (docs/benchmarks.md, runs 4-8), so every kernel fused away is step time.
+//! by the host encoding and launching kernels, not by the device
+//! (docs/benchmarks.md, runs 4-9). A kernel of ours costs the host more per
+//! call than a stock one, though: it pays where it replaces many ops (the
+//! slab attention, several kernels per layer), not for a few elementwise
+//! ones (the fused layer kernels measured slower, so they are opt-in).
+//! [`SelfTestedGate`] decides, per dtype, whether a family is used.
 
 use std::ffi::CString;
 use std::os::raw::c_char;
+use std::sync::OnceLock;
 
 use mlx_rs::{error::Exception, Array, Dtype, StreamOrDevice};
 
@@ -186,6 +191,78 @@ impl CudaKernel {
     }
 }
 
+/// Whether a family of our kernels replaces MLX's ops, decided once per
+/// activation dtype at its first use: on a CUDA backend, when switched on,
+/// and when its self-test (largest difference from MLX's ops on random
+/// inputs) is within tolerance. Anything else keeps MLX's ops; the verdict
+/// is logged (info when in use, a warning when a test failed or disagreed).
+pub struct SelfTestedGate {
+    /// Names the kernels in the log lines ("slab decode attention: CUDA
+    /// kernel", ...); `tests/gpu/check.py` looks for "<name> in use".
+    pub name: &'static str,
+    /// What runs instead, for the log lines ("MLX's SDPA", ...).
+    pub fallback: &'static str,
+    f16: OnceLock<bool>,
+    bf16: OnceLock<bool>,
+    f32: OnceLock<bool>,
+}
+
+impl SelfTestedGate {
+    /// An undecided gate.
+    pub const fn new(name: &'static str, fallback: &'static str) -> Self {
+        Self {
+            name,
+            fallback,
+            f16: OnceLock::new(),
+            bf16: OnceLock::new(),
+            f32: OnceLock::new(),
+        }
+    }
+
+    /// The verdict for `dtype` (float16, bfloat16 or float32; any other is
+    /// `false`). At the first call per dtype: `switched_on()` (read
+    /// environment switches) and a CUDA backend, then `self_test(dtype)`,
+    /// accepted when `<= tolerance(dtype)`.
+    pub fn allows(
+        &self,
+        dtype: Dtype,
+        switched_on: impl FnOnce() -> bool,
+        self_test: impl FnOnce(Dtype) -> Result<f32>,
+        tolerance: impl FnOnce(Dtype) -> f32,
+    ) -> bool {
+        let cell = match dtype {
+            Dtype::Float16 => &self.f16,
+            Dtype::Bfloat16 => &self.bf16,
+            Dtype::Float32 => &self.f32,
+            _ => return false,
+        };
+        *cell.get_or_init(|| {
+            if !switched_on() || crate::runtime::backend_name() != "cuda" {
+                return false;
+            }
+            let (name, fallback) = (self.name, self.fallback);
+            match self_test(dtype) {
+                Ok(diff) if diff <= tolerance(dtype) => {
+                    tracing::info!(?dtype, max_diff = diff, "{name} in use");
+                    true
+                }
+                Ok(diff) => {
+                    tracing::warn!(
+                        ?dtype,
+                        max_diff = diff,
+                        "{name} disagrees with MLX's ops; using {fallback}"
+                    );
+                    false
+                }
+                Err(e) => {
+                    tracing::warn!(?dtype, error = %e, "{name} failed; using {fallback}");
+                    false
+                }
+            }
+        })
+    }
+}
+
 /// Largest `|got - want| / (1 + |want|)` over two arrays of one shape,
 /// compared in float32 (a kernel's self-test against MLX's ops).
 ///
@@ -208,6 +285,22 @@ pub fn relative_diff(got: &Array, want: &Array) -> Result<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gate_keeps_mlx_ops_off_cuda_and_for_other_dtypes_without_testing() {
+        static GATE: SelfTestedGate = SelfTestedGate::new("test kernel", "MLX's ops");
+        let never = |_: Dtype| -> Result<f32> { panic!("no self-test should run here") };
+        // Integer activations never use a kernel, whatever the backend.
+        assert!(!GATE.allows(Dtype::Int32, || true, never, |_| 1.0));
+        // Switched off: no test, MLX's ops.
+        assert!(!GATE.allows(Dtype::Float16, || false, never, |_| 1.0));
+        if crate::runtime::backend_name() != "cuda" {
+            // The verdict is kept per dtype: float32 off the GPU is decided
+            // without running the test.
+            assert!(!GATE.allows(Dtype::Float32, || true, never, |_| 1.0));
+            assert!(!GATE.allows(Dtype::Float32, || true, never, |_| 1.0));
+        }
+    }
 
     #[test]
     fn float_bits_round_trip() {
