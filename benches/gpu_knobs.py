@@ -45,6 +45,13 @@ def parse_config(spec):
     return name, env
 
 
+def env_for(env, swept):
+    """This process's environment without any swept key, then `env` on top."""
+    run_env = {k: v for k, v in os.environ.items() if k not in swept}
+    run_env.update(env)
+    return run_env
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("bin")
@@ -66,8 +73,7 @@ def main():
         order = configs[r % len(configs):] + configs[:r % len(configs)]
         for name, env in order:
             for batch in args.batch:
-                run_env = {k: v for k, v in os.environ.items() if k not in swept}
-                run_env.update(env)
+                run_env = env_for(env, swept)
                 p = subprocess.run(
                     [args.bin, "bench", "--model", args.model, "--prompt-tokens",
                      str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens),
@@ -85,8 +91,7 @@ def main():
                 print(json.dumps(row), flush=True)
                 results.setdefault((name, batch), []).append(row)
             if args.generate:
-                run_env = {k: v for k, v in os.environ.items() if k not in swept}
-                run_env.update(env)
+                run_env = env_for(env, swept)
                 run_env["MLXHOST_LOG"] = "mlxhost::engine=debug"
                 p = subprocess.run(
                     [args.bin, "generate", "--model", args.model, "--plugins", args.plugins,

@@ -128,7 +128,9 @@ pub struct BatchSizeStats {
     pub plugin_ms: f64,
     /// `plugin_ms / step_ms`.
     pub plugin_share: f64,
-    /// Mean time building the forward's graph per step, ms (host work).
+    /// Mean time building the forward's graph and handing it to MLX's
+    /// evaluation per step, ms (host work; on a GPU the hand-off launches
+    /// the kernels).
     pub forward_graph_ms: f64,
     /// Of `forward_graph_ms`, building the graph before handing it to
     /// MLX's evaluation (the rest is the hand-off: launching kernels).

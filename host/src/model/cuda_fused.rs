@@ -8,9 +8,8 @@
 //!
 //! On the H200 a SmolLM2 decode step is the host encoding ~15 kernels per
 //! layer; these take 4 of them away per layer, yet measured slower there
-//! (decode 3.5 vs 2.9 ms/token: each custom kernel costs more to build and
-//! launch than the ops it replaces; docs/benchmarks.md), so they are
-//! opt-in: `MLXHOST_FUSED_KERNELS=on`.
+//! (decode 3.5 vs 2.9 ms/token, graph build up too; docs/benchmarks.md,
+//! "Fused layer kernels"), so they are opt-in: `MLXHOST_FUSED_KERNELS=on`.
 //!
 //! Same values as the ops they replace: every elementwise step is MLX's own
 //! device functor (`Sigmoid`, `Multiply`, `Add` from MLX's

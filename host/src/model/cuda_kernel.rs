@@ -200,7 +200,8 @@ pub struct SelfTestedGate {
     /// Names the kernels in the log lines ("slab decode attention: CUDA
     /// kernel", ...); `tests/gpu/check.py` looks for "<name> in use".
     pub name: &'static str,
-    /// What runs instead, for the log lines ("MLX's SDPA", ...).
+    /// What runs instead, and what the self-test compares against, for the
+    /// log lines ("MLX's SDPA", ...).
     pub fallback: &'static str,
     f16: OnceLock<bool>,
     bf16: OnceLock<bool>,
@@ -250,7 +251,7 @@ impl SelfTestedGate {
                     tracing::warn!(
                         ?dtype,
                         max_diff = diff,
-                        "{name} disagrees with MLX's ops; using {fallback}"
+                        "{name} disagrees with {fallback}; using {fallback}"
                     );
                     false
                 }
