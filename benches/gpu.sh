@@ -9,7 +9,8 @@
 #      tok/s, TTFT median and p95)
 # Run on an NVIDIA machine after the set-up (README, "NVIDIA GPUs") or through the `device` tool
 # (docs/gpu.md). Env: MLXHOST_BIN (target/release/mlxhost), MLX_LM_PYTHON (python3 with mlx-lm
-# and MLX's GPU build), GGUF, MLX_DIR, LEVELS ("1 4 8 16"), MAX_TOKENS (128), PREFILL (4096),
+# and MLX's GPU build), GGUF, MLX_DIR, LEVELS ("1 4 8 16"), MAX_TOKENS (128), ROUNDS (3: rounds
+# per level, so C=1 is a median over three requests), PREFILL (4096),
 # PLUGINS (plugins). Prints JSON lines and concurrency.py's table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ PY="${MLX_LM_PYTHON:-python3}"
 GGUF="${GGUF:-$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 MLX_DIR="${MLX_DIR:-$CACHE/models/SmolLM2-135M-Instruct-mlx}"
 [ -f "$MLX_DIR/model.safetensors" ] || "$BIN" convert "$GGUF" "$MLX_DIR"
-export LEVELS="${LEVELS:-1 4 8 16}" MAX_TOKENS="${MAX_TOKENS:-128}"
+export LEVELS="${LEVELS:-1 4 8 16}" MAX_TOKENS="${MAX_TOKENS:-128}" ROUNDS="${ROUNDS:-3}"
 LOGS=$(mktemp -d); PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 wait_up() {  # $1 = url, $2 = log; prints seconds waited

@@ -113,10 +113,13 @@ def main():
                               r"eval_ms=([-\d.e+]+)",
                               p.stderr)
                 # engine::generate's "step spread" line: the median one-request step.
-                sp = re.search(r"step spread steps=\d+ median=([-\d.e+]+) mean=([-\d.e+]+)",
+                sp = re.search(r"step spread steps=\d+ median=([-\d.e+]+) mean=([-\d.e+]+)"
+                               r"(?: p90=[-\d.e+]+ p99=([-\d.e+]+) slowest=(\[[^\]]*\]))?",
                                p.stderr)
                 if sp:
                     row.update(step_median_ms=float(sp.group(1)), step_mean_ms=float(sp.group(2)))
+                    if sp.group(3):
+                        row.update(step_p99_ms=float(sp.group(3)), slowest_ms=sp.group(4))
                 if t:
                     row.update(step_ms=float(t.group(1)), forward_ms=float(t.group(2)),
                                build_ms=float(t.group(3)), plugin_ms=float(t.group(4)),

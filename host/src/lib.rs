@@ -8,6 +8,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod busy_threads;
 pub mod cache;
 pub mod census;
 pub mod engine;

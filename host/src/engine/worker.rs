@@ -299,6 +299,9 @@ impl Engine {
             let _ = ready.send(Err(format!("warm-up generation failed: {e}")));
             return None;
         }
+        // MLX's CUDA completion worker exists now (and busy-waits): keep it
+        // off this thread's core before requests are served.
+        crate::busy_threads::isolate_from_caller_once();
         // The cache tiers live here, beside the model whose KV they hold.
         let ssd = match &caches.ssd {
             Some(cfg) => match open_ssd(&model, cfg) {
