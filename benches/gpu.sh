@@ -7,6 +7,8 @@
 #      request after ready (TTFT), prefill of a ~4k-token prompt, then streamed requests at
 #      concurrency 1, 4, 8 and 16 (benches/concurrency.py: aggregate tok/s, per-request decode
 #      tok/s, TTFT median and p95)
+#   3. the per-token gaps of eight C=1 requests to mlxhost (benches/stream_gaps.py: whether the
+#      one-row step's cost moves between requests, docs/benchmarks.md "Run 10")
 # Run on an NVIDIA machine after the set-up (README, "NVIDIA GPUs") or through the `device` tool
 # (docs/gpu.md). Env: MLXHOST_BIN (target/release/mlxhost), MLX_LM_PYTHON (python3 with mlx-lm
 # and MLX's GPU build), GGUF, MLX_DIR, LEVELS ("1 4 8 16"), MAX_TOKENS (128), ROUNDS (3: rounds
@@ -57,3 +59,6 @@ curl -s http://127.0.0.1:18080/stats | python3 -c '
 import json, sys
 for s in json.load(sys.stdin)["batch"]["by_batch_size"]:
     print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in s.items()}))'
+
+echo "# 5. mlxhost's per-token gaps over eight C=1 requests in a row (benches/stream_gaps.py)"
+python3 benches/stream_gaps.py http://127.0.0.1:18080 8

@@ -14,7 +14,8 @@
 //! SmolLM2 one-row step over HTTP took ~11 ms against 2.5-4.9 ms unpinned
 //! (docs/benchmarks.md, "Run 10").
 //!
-//! What this does, once per process, after the first evaluations: finds the
+//! What this does, once per process, after the first evaluations (`serve`'s
+//! warm-up, `generate`'s load, before `bench` measures): finds the
 //! threads that stay busy while the caller sleeps (100 ms), pins
 //! them to the last CPU the process may use, lowers their priority, and
 //! keeps the calling thread off that CPU's physical core. Nothing else

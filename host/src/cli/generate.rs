@@ -64,6 +64,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         anyhow::bail!("--plugin-params must be a JSON object keyed by plugin name");
     }
     let (plugins, model) = super::load_plugins_and_model(&args.plugins, &args.model)?;
+    // Loading evaluated the weights, so MLX's CUDA worker runs: as `serve`
+    // does after its warm-up.
+    mlxhost::busy_threads::isolate_from_caller_once();
     // A base model (no chat template, e.g. Gemma 3 270M) continues the
     // prompt as raw text, BOS first when its tokenizer adds one.
     let prompt_ids = match &model.template {

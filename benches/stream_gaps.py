@@ -1,0 +1,61 @@
+"""Per-token timing of streamed requests, one after another (C=1), against one server: for each
+request the decode rate ((chunks - 1) / (last chunk - first chunk)) and the gaps between
+consecutive content chunks (median, p90, the two largest), so a step whose cost changes between
+requests shows as a moving median while a rare slow step shows as a large maximum
+(docs/benchmarks.md, "Run 10"). Every prompt starts with a unique number (no cached prefix).
+Standard library only.
+
+Usage: python stream_gaps.py URL [N]     (env: MAX_TOKENS, default 128)
+Prints one JSON line per request, then the median over requests of the per-request medians.
+"""
+import json
+import os
+import statistics
+import sys
+import time
+import urllib.request
+
+from http_bench import STORY
+
+MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "128"))
+
+
+def one(url, i):
+    body = {"model": "m", "messages": [{"role": "user", "content": f"g{i}: {STORY}"}],
+            "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
+    req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    times = []
+    with urllib.request.urlopen(req) as resp:
+        for line in resp:
+            if not line.startswith(b"data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
+                times.append(time.perf_counter())
+    if len(times) < 3:
+        raise SystemExit(f"request {i}: only {len(times)} content chunks")
+    gaps = sorted((b - a) * 1e3 for a, b in zip(times, times[1:]))
+    return {"request": i, "chunks": len(times),
+            "decode_tok_s": round((len(times) - 1) / (times[-1] - times[0]), 1),
+            "gap_median_ms": round(statistics.median(gaps), 2),
+            "gap_p90_ms": round(gaps[int(len(gaps) * 0.9)], 2),
+            "gap_max_ms": [round(g, 1) for g in gaps[-2:]]}
+
+
+def main():
+    if len(sys.argv) < 2:
+        raise SystemExit(__doc__)
+    url = sys.argv[1].rstrip("/")
+    n = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+    medians = []
+    for i in range(n):
+        row = one(url, i)
+        medians.append(row["gap_median_ms"])
+        print(json.dumps(row), flush=True)
+    print(json.dumps({"requests": n, "median_of_gap_medians_ms": statistics.median(medians),
+                      "gap_medians_ms": medians}))
+
+
+if __name__ == "__main__":
+    main()
