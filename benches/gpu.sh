@@ -7,7 +7,8 @@
 #      request after ready (TTFT), prefill of a ~4k-token prompt, then streamed requests at
 #      concurrency 1, 4, 8 and 16 (benches/concurrency.py: aggregate tok/s, per-request decode
 #      tok/s, TTFT median and p95)
-#   3. the per-token gaps of eight C=1 requests to mlxhost (benches/stream_gaps.py: whether the
+#   3. mlxhost's step time by batch size (/stats), then, with mlx_lm.server stopped, the
+#      per-token gaps of eight C=1 requests to mlxhost (benches/stream_gaps.py: whether the
 #      one-row step's cost moves between requests, docs/benchmarks.md "Run 10")
 # Run on an NVIDIA machine after the set-up (README, "NVIDIA GPUs") or through the `device` tool
 # (docs/gpu.md). Env: MLXHOST_BIN (target/release/mlxhost), MLX_LM_PYTHON (python3 with mlx-lm
@@ -44,7 +45,7 @@ echo "# 2. servers: ready, first request, ${PREFILL:-4096}-token prefill"
 "$BIN" serve --model "$MLX_DIR" --plugins "${PLUGINS:-plugins}" --port 18080 2>"$LOGS/mlxhost.log" & PIDS+=($!)
 echo "{\"server\": \"mlxhost\", \"ready_s\": $(wait_up http://127.0.0.1:18080/health "$LOGS/mlxhost.log")}"
 python3 benches/gpu_requests.py first http://127.0.0.1:18080
-"$PY" -m mlx_lm.server --model "$MLX_DIR" --port 18081 2>"$LOGS/mlx-lm.log" & PIDS+=($!)
+"$PY" -m mlx_lm.server --model "$MLX_DIR" --port 18081 2>"$LOGS/mlx-lm.log" & PIDS+=($!); MLXLM_PID=$!
 echo "{\"server\": \"mlx_lm.server\", \"ready_s\": $(wait_up http://127.0.0.1:18081/v1/models "$LOGS/mlx-lm.log")}"
 python3 benches/gpu_requests.py first http://127.0.0.1:18081
 for url in http://127.0.0.1:18080 http://127.0.0.1:18081; do
@@ -61,4 +62,6 @@ for s in json.load(sys.stdin)["batch"]["by_batch_size"]:
     print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in s.items()}))'
 
 echo "# 5. mlxhost's per-token gaps over eight C=1 requests in a row (benches/stream_gaps.py)"
+# mlx_lm.server stops first: its own MLX CUDA worker spins and could share our engine's core.
+kill "$MLXLM_PID" 2>/dev/null || true; wait "$MLXLM_PID" 2>/dev/null || true
 python3 benches/stream_gaps.py http://127.0.0.1:18080 8

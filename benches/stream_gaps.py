@@ -26,7 +26,7 @@ def one(url, i):
     req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     times = []
-    with urllib.request.urlopen(req) as resp:
+    with urllib.request.urlopen(req, timeout=300) as resp:
         for line in resp:
             if not line.startswith(b"data: {"):
                 continue
