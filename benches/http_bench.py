@@ -28,11 +28,13 @@ PROMPTS = {
 }
 
 
-def stream_chat(url, body):
+def stream_chat(url, body, chunk_times=None, timeout=3600):
     """POSTs a streamed chat completion; returns (TTFT s, time of the last content chunk from the
-    start s, usage or None, content chunks). Raises on a non-200 answer."""
+    start s, usage or None, content chunks). With `chunk_times` (a list), appends every content
+    chunk's time from the start, s; `timeout` bounds each socket wait, s. Raises on a non-200
+    answer."""
     u = urlparse(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=3600)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
     t0 = time.perf_counter()
     conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
     resp = conn.getresponse()
@@ -54,6 +56,8 @@ def stream_chat(url, body):
                 first = first if first is not None else now
                 last = now
                 chunks += 1
+                if chunk_times is not None:
+                    chunk_times.append(now)
     conn.close()
     return first, last, usage, chunks
 

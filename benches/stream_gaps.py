@@ -12,10 +12,8 @@ import json
 import os
 import statistics
 import sys
-import time
-import urllib.request
 
-from http_bench import STORY
+from http_bench import STORY, stream_chat
 
 MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "128"))
 
@@ -23,16 +21,8 @@ MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "128"))
 def one(url, i):
     body = {"model": "m", "messages": [{"role": "user", "content": f"g{i}: {STORY}"}],
             "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
-    req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
     times = []
-    with urllib.request.urlopen(req, timeout=300) as resp:
-        for line in resp:
-            if not line.startswith(b"data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
-                times.append(time.perf_counter())
+    stream_chat(url, body, times, timeout=300)
     if len(times) < 3:
         raise SystemExit(f"request {i}: only {len(times)} content chunks")
     gaps = sorted((b - a) * 1e3 for a, b in zip(times, times[1:]))
