@@ -44,12 +44,11 @@ const BUSY_SHARE: f64 = 0.7;
 pub fn isolate_from_caller_once() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        if std::env::var("MLXHOST_ISOLATE_BUSY_THREADS").as_deref() == Ok("off")
-            || crate::runtime::backend_name() != "cuda"
-        {
+        let mode = std::env::var("MLXHOST_ISOLATE_BUSY_THREADS");
+        if mode.as_deref() == Ok("off") || crate::runtime::backend_name() != "cuda" {
             return;
         }
-        imp::isolate();
+        imp::isolate(mode.as_deref() == Ok("pin"));
     });
 }
 
@@ -58,7 +57,11 @@ mod imp {
     use super::{BUSY_SHARE, WINDOW};
     use std::collections::BTreeSet;
 
-    pub fn isolate() {
+    /// With `pin_caller`, the calling thread is then pinned to one CPU of
+    /// the rest (the lowest one local to the GPU's NUMA node where sysfs
+    /// names one), so it no longer moves between CPUs from one request to
+    /// the next.
+    pub fn isolate(pin_caller: bool) {
         // SAFETY: a plain system call.
         let own = unsafe { libc::gettid() };
         let allowed = match affinity(0) {
@@ -111,11 +114,16 @@ mod imp {
         if pinned.is_empty() {
             return;
         }
-        match set_affinity(0, &rest) {
+        let caller_cpus = if pin_caller {
+            one_cpu(&rest, &gpu_local_cpus().unwrap_or_default())
+        } else {
+            rest
+        };
+        match set_affinity(0, &caller_cpus) {
             Ok(()) => tracing::info!(
                 pinned = ?pinned,
                 pinned_to_cpu = spin_cpu,
-                evaluating_thread_cpus = rest.len(),
+                evaluating_thread_cpus = ?caller_cpus,
                 "threads that busy-wait (MLX's CUDA completion worker) pinned off the evaluating thread's core"
             ),
             Err(e) => tracing::warn!(error = %e, "busy threads: could not move the caller"),
@@ -210,6 +218,36 @@ mod imp {
         parse_cpu_list(std::fs::read_to_string(path).ok()?.trim())
     }
 
+    /// One CPU of `rest` for the evaluating thread: the lowest that is also
+    /// in `local` (the GPU's NUMA node), else the lowest of `rest`; empty
+    /// when `rest` is.
+    pub fn one_cpu(rest: &BTreeSet<usize>, local: &BTreeSet<usize>) -> BTreeSet<usize> {
+        rest.intersection(local)
+            .next()
+            .or_else(|| rest.iter().next())
+            .map(|&c| BTreeSet::from([c]))
+            .unwrap_or_default()
+    }
+
+    /// The CPUs local to the first NVIDIA GPU's NUMA node, from sysfs
+    /// (`/sys/bus/pci/devices/*/local_cpulist` of the lowest PCI address
+    /// with vendor 0x10de and a display class, 0x03xxxx); `None` when there
+    /// is none or sysfs does not say.
+    fn gpu_local_cpus() -> Option<BTreeSet<usize>> {
+        let mut devices: Vec<_> = std::fs::read_dir("/sys/bus/pci/devices")
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default();
+                read("vendor").trim() == "0x10de" && read("class").trim().starts_with("0x03")
+            })
+            .collect();
+        devices.sort();
+        let list = std::fs::read_to_string(devices.first()?.join("local_cpulist")).ok()?;
+        parse_cpu_list(list.trim())
+    }
+
     /// Parses a kernel CPU list ("0-3,8,10-11").
     pub fn parse_cpu_list(list: &str) -> Option<BTreeSet<usize>> {
         let mut out = BTreeSet::new();
@@ -235,6 +273,18 @@ mod imp {
             assert_eq!(parse_cpu_list("5"), Some(BTreeSet::from([5])));
             assert_eq!(parse_cpu_list(""), None);
             assert_eq!(parse_cpu_list("x"), None);
+        }
+
+        #[test]
+        fn the_pinned_cpu_is_the_lowest_gpu_local_one_left() {
+            let rest = BTreeSet::from([1, 2, 9, 10]);
+            assert_eq!(
+                one_cpu(&rest, &BTreeSet::from([8, 9, 10])),
+                BTreeSet::from([9])
+            );
+            // No NUMA information, or none of it left: the lowest left.
+            assert_eq!(one_cpu(&rest, &BTreeSet::new()), BTreeSet::from([1]));
+            assert_eq!(one_cpu(&rest, &BTreeSet::from([4])), BTreeSet::from([1]));
         }
 
         #[test]
@@ -295,5 +345,5 @@ mod imp {
 
 #[cfg(not(target_os = "linux"))]
 mod imp {
-    pub fn isolate() {}
+    pub fn isolate(_pin_caller: bool) {}
 }
