@@ -19,14 +19,14 @@ MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "128"))
 
 
 def one(url, i):
-    body = {"model": "m", "messages": [{"role": "user", "content": f"g{i}: {STORY}"}],
+    body = {"model": "default_model", "messages": [{"role": "user", "content": f"g{i}: {STORY}"}],
             "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
     times = []
     stream_chat(url, body, times, timeout=300)
     if len(times) < 3:
         raise SystemExit(f"request {i}: only {len(times)} content chunks")
     gaps = sorted((b - a) * 1e3 for a, b in zip(times, times[1:]))
-    return {"request": i, "chunks": len(times),
+    return {"request": i, "chunks": len(times), "ttft_s": round(times[0], 3),
             "decode_tok_s": round((len(times) - 1) / (times[-1] - times[0]), 1),
             "gap_median_ms": round(statistics.median(gaps), 2),
             "gap_p90_ms": round(gaps[int(len(gaps) * 0.9)], 2),

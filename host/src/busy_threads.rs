@@ -23,11 +23,12 @@
 //! only one physical core, on other backends and systems, and with
 //! `MLXHOST_ISOLATE_BUSY_THREADS=off`.
 //!
-//! Measured on the H200 machine: the worker was found (99.8% of a CPU after
-//! it was pinned); the one-row step over HTTP still ranged 2.9-4.1 ms per
-//! request afterwards, so the two-mode step has another cause as well. The
-//! ~11 ms was measured with the whole server on one CPU, a case this cannot
-//! help (no other core); no on/off comparison on one machine was run yet.
+//! Measured (docs/benchmarks.md, "Run 11"): sharing a CPU with the worker
+//! doubles the step (8.0 ms against 2.7-4.4 on an H100); anywhere else no
+//! placement wins beyond the machine's drift, and this isolation on against
+//! off, side by side on an H200, was 0.995x. It guards the shared-CPU case
+//! only; the ~11 ms with the whole server on one CPU it cannot help (no
+//! other core).
 
 use std::sync::Once;
 use std::time::Duration;
