@@ -7,13 +7,16 @@
 #      request after ready (TTFT), prefill of a ~4k-token prompt, then streamed requests at
 #      concurrency 1, 4, 8 and 16 (benches/concurrency.py: aggregate tok/s, per-request decode
 #      tok/s, TTFT median and p95)
+#      and batch-1 decode side by side: C=1 requests alternating between the two servers
+#      (benches/interleaved.py, ROUNDS_SIDE_BY_SIDE rounds: per-round ratio, so the machine's
+#      drift falls on both; docs/benchmarks.md "Run 11")
 #   3. mlxhost's step time by batch size (/stats), then, with mlx_lm.server stopped, the
 #      per-token gaps of eight C=1 requests to mlxhost (benches/stream_gaps.py: whether the
 #      one-row step's cost moves between requests, docs/benchmarks.md "Run 10")
 # Run on an NVIDIA machine after the set-up (README, "NVIDIA GPUs") or through the `device` tool
 # (docs/gpu.md). Env: MLXHOST_BIN (target/release/mlxhost), MLX_LM_PYTHON (python3 with mlx-lm
 # and MLX's GPU build), GGUF, MLX_DIR, LEVELS ("1 4 8 16"), MAX_TOKENS (128), ROUNDS (3: rounds
-# per level, so C=1 is a median over three requests), PREFILL (4096),
+# per level, so C=1 is a median over three requests), ROUNDS_SIDE_BY_SIDE (16), PREFILL (4096),
 # PLUGINS (plugins). Prints JSON lines and concurrency.py's table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +57,10 @@ done
 
 echo "# 3. concurrency"
 WARMUP="${WARMUP:-1}" python3 benches/concurrency.py mlxhost=http://127.0.0.1:18080 mlx_lm.server=http://127.0.0.1:18081
+
+echo "# 3b. batch 1 side by side (benches/interleaved.py)"
+python3 benches/interleaved.py mlxhost=http://127.0.0.1:18080 mlx_lm.server=http://127.0.0.1:18081 \
+  "${ROUNDS_SIDE_BY_SIDE:-16}" | tail -1
 
 echo "# 4. mlxhost's step time by batch size (GET /stats, all steps above: warm-up, prefill, decode)"
 curl -s http://127.0.0.1:18080/stats | python3 -c '
