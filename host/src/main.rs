@@ -10,8 +10,9 @@ mod cli;
 /// evaluating thread encodes allocates small objects that MLX's CUDA
 /// completion thread frees, and glibc's malloc serializes those cross-thread
 /// frees on the allocating arena's lock. Measured side by side on an H100
-/// (docs/benchmarks.md, run 11): batch-1 decode over HTTP 1.30x glibc's
-/// (median of 12 rounds), 2.60x mlx_lm.server's.
+/// with mimalloc preloaded into the same binary (docs/benchmarks.md, run
+/// 11): batch-1 decode over HTTP 1.30x glibc's (median of 12 rounds), 2.60x
+/// mlx_lm.server's; on the CPU backend about neutral.
 #[cfg(target_os = "linux")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
