@@ -25,8 +25,7 @@ import subprocess
 import sys
 import time
 
-from stream_gaps import one as one_request
-from thread_placement import Sampler, busy_while_idle
+from thread_placement import busy_while_idle, evaluating_thread, sampled_request
 
 
 def rss_mib(pid):
@@ -63,16 +62,7 @@ def main():
     allowed = os.sched_getaffinity(0)
     spinners = busy_while_idle(pid)
     counter = [2000]
-    probe = Sampler(pid)
-    t0 = time.perf_counter()
-    one_request(url, counter[0])
-    counter[0] += 1
-    busy = probe.finish(time.perf_counter() - t0)
-    candidates = sorted(((v["cpu_share"], int(k.rsplit(":", 1)[1])) for k, v in busy.items()
-                         if int(k.rsplit(":", 1)[1]) not in spinners), reverse=True)
-    if not candidates:
-        raise SystemExit("no busy thread found during a request")
-    engine = candidates[0][1]
+    engine, _ = evaluating_thread(url, pid, spinners, counter)
     cpus = sorted(allowed)
     xs = sorted({cpus[len(cpus) // 4], cpus[len(cpus) // 2]})
     other = {x: cpus[(cpus.index(x) + len(cpus) // 2 - 1) % len(cpus)] for x in xs}
@@ -91,11 +81,7 @@ def main():
             place(engine, spinners, allowed, ecpus, scpus, idle)
             time.sleep(0.05)
             for _ in range(n):
-                sampler = Sampler(pid)
-                t0 = time.perf_counter()
-                row = one_request(url, counter[0])
-                counter[0] += 1
-                row["threads"] = sampler.finish(time.perf_counter() - t0)
+                row = sampled_request(url, pid, counter)
                 row.update(config=name, round=r, rss_mib=rss_mib(pid), gpu_used_mib=gpu_used_mib())
                 print(json.dumps(row), flush=True)
                 gaps[name].append(row["gap_median_ms"])

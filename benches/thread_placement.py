@@ -109,6 +109,28 @@ class Sampler:
         return out
 
 
+def sampled_request(url, pid, counter):
+    """One C=1 request (stream_gaps.one's row, numbered `counter[0]`, then incremented) with
+    `threads`: each busy thread of `pid` during it, its CPU share and the CPUs it ran on."""
+    sampler = Sampler(pid)
+    t0 = time.perf_counter()
+    row = one_request(url, counter[0])
+    counter[0] += 1
+    row["threads"] = sampler.finish(time.perf_counter() - t0)
+    return row
+
+
+def evaluating_thread(url, pid, spinners, counter):
+    """(tid, per-thread CPU use) of the evaluating thread: the busiest thread of `pid` during one
+    request that is not one of `spinners`."""
+    busy = sampled_request(url, pid, counter)["threads"]
+    candidates = sorted(((v["cpu_share"], int(k.rsplit(":", 1)[1])) for k, v in busy.items()
+                         if int(k.rsplit(":", 1)[1]) not in spinners), reverse=True)
+    if not candidates:
+        raise SystemExit("no busy thread found during a request")
+    return candidates[0][1], busy
+
+
 def own_cpu():
     with open("/proc/thread-self/stat") as f:
         raw = f.read()
@@ -118,11 +140,7 @@ def own_cpu():
 def run_config(url, pid, name, n, counter):
     rows = []
     for _ in range(n):
-        sampler = Sampler(pid)
-        t0 = time.perf_counter()
-        row = one_request(url, counter[0])
-        counter[0] += 1
-        row["threads"] = sampler.finish(time.perf_counter() - t0)
+        row = sampled_request(url, pid, counter)
         row["config"] = name
         row["client_cpu"] = own_cpu()
         print(json.dumps(row), flush=True)
@@ -150,16 +168,7 @@ def main():
     counter = [1000]
     run_config(url, pid, "free", n * 2, counter)
 
-    # The evaluating thread: the busiest thread during a request that is not a spinner.
-    probe = Sampler(pid)
-    t0 = time.perf_counter()
-    one_request(url, counter[0]); counter[0] += 1
-    busy = probe.finish(time.perf_counter() - t0)
-    candidates = sorted(((v["cpu_share"], int(k.rsplit(":", 1)[1])) for k, v in busy.items()
-                         if int(k.rsplit(":", 1)[1]) not in spinners), reverse=True)
-    if not candidates:
-        raise SystemExit("no busy thread found during a request")
-    engine = candidates[0][1]
+    engine, busy = evaluating_thread(url, pid, spinners, counter)
     print(json.dumps({"evaluating_thread": engine, "name": names.get(engine),
                       "during_request": busy}), flush=True)
 

@@ -6,17 +6,8 @@
 # goes round them. mlxhost runs at `--batch 1` (a shorter warm-up; only one-row steps are measured).
 # Writes under $OUT (or ./allocators-out).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT="${OUT:-allocators-out}"; mkdir -p "$OUT"
-BIN="${MLXHOST_BIN:-target/release/mlxhost}"
+. "$(dirname "$0")/common.sh" allocators
 ROUNDS="${ROUNDS:-12}"
-nvidia-smi -L
-[ -f "$MLX_DIR/model.safetensors" ] || "$BIN" convert "$GGUF" "$MLX_DIR"
-up() {  # $1 URL; prints seconds to ready
-  local t0=$SECONDS
-  for _ in $(seq 900); do curl -sf "$1" >/dev/null && { echo $((SECONDS - t0)); return 0; }; sleep 0.5; done
-  echo "not up" >&2; return 1
-}
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null; wait' EXIT
 serve() {  # $1 name, $2 port, then env

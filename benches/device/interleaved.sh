@@ -5,17 +5,8 @@
 # alternates C=1 requests between mlxhost and mlx_lm.server, then between mlxhost and mlxhost
 # with placement off. Writes under $OUT (or ./interleaved-out).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT="${OUT:-interleaved-out}"; mkdir -p "$OUT"
-BIN="${MLXHOST_BIN:-target/release/mlxhost}"
+. "$(dirname "$0")/common.sh" interleaved
 PAIRS="${PAIRS:-24}"
-nvidia-smi -L
-[ -f "$MLX_DIR/model.safetensors" ] || "$BIN" convert "$GGUF" "$MLX_DIR"
-up() {  # $1 URL; prints seconds to ready
-  local t0=$SECONDS
-  for _ in $(seq 900); do curl -sf "$1" >/dev/null && { echo $((SECONDS - t0)); return 0; }; sleep 0.5; done
-  echo "not up" >&2; return 1
-}
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null; wait' EXIT
 "$BIN" serve --model "$MLX_DIR" --plugins plugins --port 18080 2>"$OUT/serve.log" & PIDS+=($!)

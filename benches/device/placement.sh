@@ -8,20 +8,12 @@
 # kernel caches as jit.tgz (benches/device/pack.sh carries them to the next machine). Servers run
 # with `--batch 1`: only one-row steps are measured, and its warm-up compiles far less.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT="${OUT:-placement-out}"; mkdir -p "$OUT"
-BIN="${MLXHOST_BIN:-target/release/mlxhost}"
+. "$(dirname "$0")/common.sh" placement
 lscpu > "$OUT/lscpu.txt" 2>&1; nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 grep Cpus_allowed_list /proc/self/status
-[ -f "$MLX_DIR/model.safetensors" ] || "$BIN" convert "$GGUF" "$MLX_DIR"
-up() {  # $1 port; prints seconds to ready
-  local t0=$SECONDS
-  for _ in $(seq 900); do curl -sf "http://127.0.0.1:$1/health" >/dev/null && { echo $((SECONDS - t0)); return 0; }; sleep 0.5; done
-  echo "not up" >&2; return 1
-}
 serve() {  # $1 name, env in the caller; starts, waits, leaves PID in $P
   "$BIN" serve --model "$MLX_DIR" --plugins plugins --port 18080 --batch 1 2>"$OUT/serve-$1.log" & P=$!
-  echo "{\"server\": \"$1\", \"ready_s\": $(up 18080)}"
+  echo "{\"server\": \"$1\", \"ready_s\": $(up http://127.0.0.1:18080/health)}"
 }
 stop() { kill "$P"; wait "$P" 2>/dev/null; }
 
@@ -33,7 +25,7 @@ for cfg in "isolation-on" "isolation-pin MLXHOST_ISOLATE_BUSY_THREADS=pin" "isol
            "graph-cache-1e6 MLX_CUDA_GRAPH_CACHE_SIZE=1000000"; do
   set -- $cfg; name=$1; shift
   env "$@" "$BIN" serve --model "$MLX_DIR" --plugins plugins --port 18080 --batch 1 2>"$OUT/serve-$name.log" & P=$!
-  echo "{\"server\": \"$name\", \"ready_s\": $(up 18080)}"
+  echo "{\"server\": \"$name\", \"ready_s\": $(up http://127.0.0.1:18080/health)}"
   timeout 120 python3 benches/stream_gaps.py http://127.0.0.1:18080 8 | tee "$OUT/gaps-$name.jsonl"
   stop
 done

@@ -5,22 +5,13 @@
 # (placements rotated over rounds), then eight C=1 requests to mlx_lm.server on the same files
 # (benches/stream_gaps.py) for the ratio, then eight to mlxhost with its default placement.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT="${OUT:-spinner-out}"; mkdir -p "$OUT"
-BIN="${MLXHOST_BIN:-target/release/mlxhost}"
+. "$(dirname "$0")/common.sh" spinner
 ROUNDS="${ROUNDS:-4}"; N="${N:-3}"
-nvidia-smi -L
-[ -f "$MLX_DIR/model.safetensors" ] || "$BIN" convert "$GGUF" "$MLX_DIR"
-up() {  # $1 URL; prints seconds to ready
-  local t0=$SECONDS
-  for _ in $(seq 900); do curl -sf "$1" >/dev/null && { echo $((SECONDS - t0)); return 0; }; sleep 0.5; done
-  echo "not up" >&2; return 1
-}
 MLXHOST_ISOLATE_BUSY_THREADS=off "$BIN" serve --model "$MLX_DIR" --plugins plugins --port 18080 --batch 1 2>"$OUT/serve-modes.log" & P=$!
 echo "{\"server\": \"mlxhost placement off\", \"ready_s\": $(up http://127.0.0.1:18080/health)}"
 (cd benches && timeout 300 python3 spinner_modes.py http://127.0.0.1:18080 "$P" "$ROUNDS" "$N") | tee "$OUT/modes.jsonl" | grep -v '"request"'
 kill "$P"; wait "$P" 2>/dev/null
-python3 -m mlx_lm.server --model "$MLX_DIR" --port 18081 2>"$OUT/mlx-lm.log" & P=$!
+python3 -m mlx_lm server --model "$MLX_DIR" --port 18081 2>"$OUT/mlx-lm.log" & P=$!
 echo "{\"server\": \"mlx_lm.server\", \"ready_s\": $(up http://127.0.0.1:18081/v1/models)}"
 timeout 200 python3 benches/stream_gaps.py http://127.0.0.1:18081 8 | tee "$OUT/gaps-mlx-lm.jsonl"
 kill "$P"; wait "$P" 2>/dev/null
