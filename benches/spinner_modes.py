@@ -72,7 +72,8 @@ def main():
         print(json.dumps({"note": "no spinner found; placements still rotated"}), flush=True)
     configs = [("free", None, None, False), ("spinner-idle", None, None, True)]
     for x in xs:
-        configs.append((f"apart@{x}", {x}, {other[x]}, False))
+        if other[x] != x:  # with two CPUs there is no "apart"
+            configs.append((f"apart@{x}", {x}, {other[x]}, False))
         configs.append((f"together-idle@{x}", {x}, {x}, True))
     gaps = {name: [] for name, *_ in configs}
     for r in range(rounds):

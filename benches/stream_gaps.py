@@ -1,5 +1,6 @@
 """Per-token timing of streamed requests, one after another (C=1), against one server: for each
-request the decode rate ((chunks - 1) / (last chunk - first chunk)) and the gaps between
+request the decode rate ((tokens - 1) / (last chunk - first chunk), tokens from the stream's
+`usage` where the server sends it, else the content chunks) and the gaps between
 consecutive content chunks (median, p90, the two largest), so a step whose cost changes between
 requests shows as a moving median while a rare slow step shows as a large maximum
 (docs/benchmarks.md, "Run 10"). Every prompt starts with a unique number (no cached prefix).
@@ -20,14 +21,18 @@ MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "128"))
 
 def one(url, i):
     body = {"model": "default_model", "messages": [{"role": "user", "content": f"g{i}: {STORY}"}],
-            "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
+            "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
     times = []
-    stream_chat(url, body, times, timeout=300)
+    _, _, usage, _ = stream_chat(url, body, times, timeout=300)
     if len(times) < 3:
         raise SystemExit(f"request {i}: only {len(times)} content chunks")
     gaps = sorted((b - a) * 1e3 for a, b in zip(times, times[1:]))
-    return {"request": i, "chunks": len(times), "ttft_s": round(times[0], 3),
-            "decode_tok_s": round((len(times) - 1) / (times[-1] - times[0]), 1),
+    # A server may put two tokens in one chunk (mlx_lm.server sent 126 chunks for 128 tokens):
+    # the token count comes from `usage` where the server reports it.
+    tokens = (usage or {}).get("completion_tokens") or len(times)
+    return {"request": i, "chunks": len(times), "tokens": tokens, "ttft_s": round(times[0], 3),
+            "decode_tok_s": round((tokens - 1) / (times[-1] - times[0]), 1),
             "gap_median_ms": round(statistics.median(gaps), 2),
             "gap_p90_ms": round(gaps[int(len(gaps) * 0.9)], 2),
             "gap_max_ms": [round(g, 1) for g in gaps[-2:]]}

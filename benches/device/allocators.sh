@@ -8,12 +8,17 @@
 set -uo pipefail
 . "$(dirname "$0")/common.sh" allocators
 ROUNDS="${ROUNDS:-12}"
+# An executable's own malloc comes before a preloaded one: a binary that links mimalloc (since
+# run 11) would run mimalloc under every "allocator" here.
+if nm "$BIN" 2>/dev/null | grep -q ' mi_malloc$'; then
+  echo "allocators.sh: $BIN links mimalloc itself; use a binary from before run 11 (648d2be)" >&2; exit 2
+fi
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null; wait' EXIT
 serve() {  # $1 name, $2 port, then env
   local name=$1 port=$2; shift 2
   env "$@" "$BIN" serve --model "$MLX_DIR" --plugins plugins --port "$port" --batch 1 2>"$OUT/serve-$name.log" & PIDS+=($!)
-  echo "{\"server\": \"$name\", \"ready_s\": $(up "http://127.0.0.1:$port/health"), \"allocator_mapped\": \"$(grep -o 'lib[a-z]*malloc[^ ]*' /proc/$!/maps | sort -u | tr '\n' ' ')\"}"
+  echo "{\"server\": \"$name\", \"ready_s\": $(up "http://127.0.0.1:$port/health"), \"allocator_mapped\": \"$(grep -o 'lib[a-z]*malloc[^ ]*' /proc/$!/maps | sort -u | tr '\n' ' ')\"}" | tee -a "$OUT/servers.jsonl"
 }
 serve glibc 18080
 serve jemalloc 18082 LD_PRELOAD=/tmp/g/libjemalloc.so.2
