@@ -395,6 +395,8 @@ def test_server_tools_are_ignored_and_headers_accepted(client):
         ),
         ({"tools": [{"name": "f", "input_schema": "object"}]}, "tools[0].input_schema"),
         ({"tools": [{"name": "", "input_schema": {"type": "object"}}]}, "tools[0].name"),
+        ({"tools": [{"name": "get weather", "input_schema": {"type": "object"}}]}, "tools[0].name"),
+        ({"extra_body": {"plugin_params": {"standard": {"x": 1}}}}, "plugin_params.standard"),
         ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
         ({"messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]}]}, "messages[0].content[0].type"),
         ({"messages": [{"role": "user", "content": ""}]}, "messages[0].content"),

@@ -45,6 +45,7 @@ def test_mirostat_is_selectable_per_request_with_its_parameters(http):
     assert a == b, "same seed, same output"
     r = http.post("/v1/chat/completions", json={**req, "plugin_params": {"mirostat": {"tau": -1}}})
     assert r.status_code == 400 and "mirostat" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "plugin_params.mirostat", r.json()
     r = http.post("/v1/chat/completions", json={**req, "plugin_params": {"mirostat": {"typo": 1}}})
     assert r.status_code == 400 and "typo" in r.json()["error"]["message"]
 

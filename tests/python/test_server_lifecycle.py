@@ -189,6 +189,7 @@ def test_parameters_a_plugin_rejects_are_a_400_naming_it(testing_server):
         assert r.status_code == 400
         err = r.json()["error"]
         assert "ban-token" in err["message"] and "`id`" in err["message"], err
+        assert err["param"] == "plugin_params.ban-token", err
 
 
 def test_sigterm_exits_even_when_a_client_never_finishes_its_body():

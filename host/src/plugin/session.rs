@@ -282,8 +282,8 @@ impl RowChain {
     /// `plugin_params` maps plugin name to its JSON parameters.
     ///
     /// Errors: [`PluginError::Unknown`] for a name that is not loaded (or not
-    /// of that kind); [`PluginError::Failed`] when a session rejects its
-    /// parameters or instantiation fails.
+    /// of that kind); [`PluginError::Rejected`] when a session rejects its
+    /// parameters; [`PluginError::Failed`] when instantiation fails.
     pub fn new(
         host: &PluginHost,
         sampler: &str,

@@ -991,12 +991,16 @@ impl Drop for CancelOnDrop {
 }
 
 /// A plugin error as an API error: rejected parameters and unknown plugins
-/// are the client's fault (400), the rest a 500 naming the plugin.
+/// are the client's fault (400), the rest a 500 naming the plugin. A
+/// rejection names `plugin_params.<plugin>` in `param` (the object the
+/// plugin was handed; the Anthropic adapter leads its message with it).
 fn plugin_error(e: &PluginError) -> ApiError {
     match e {
-        PluginError::Unknown { .. } | PluginError::Rejected { .. } => {
-            api_error(400, ErrorKind::InvalidRequest, e.to_string())
-        }
+        PluginError::Rejected { plugin, .. } => ApiError {
+            param: Some(format!("plugin_params.{plugin}")),
+            ..api_error(400, ErrorKind::InvalidRequest, e.to_string())
+        },
+        PluginError::Unknown { .. } => api_error(400, ErrorKind::InvalidRequest, e.to_string()),
         _ => api_error(500, ErrorKind::Plugin, e.to_string()),
     }
 }

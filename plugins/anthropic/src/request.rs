@@ -34,6 +34,7 @@
 
 use std::collections::HashSet;
 
+use mlxhost_plugin_sdk::fields::valid_tool_name;
 use mlxhost_plugin_sdk::v2::adapter::mlxhost::plugin::request::{
     ContentPart, GenerationRequest, Message, Prompt, SamplingRequest, ToolCall, ToolChoice,
 };
@@ -533,6 +534,10 @@ fn tool_use(o: &Map<String, Value>, at: &str) -> Result<ToolCall, Invalid> {
     })
 }
 
+/// The longest tool name Anthropic's Messages API accepts (its rule is
+/// `^[a-zA-Z0-9_-]{1,128}$`; MCP tools such as `mcp__server__tool` run long).
+const MAX_TOOL_NAME_LEN: usize = 128;
+
 /// `tools: [{"name", "description"?, "input_schema", "type"?: "custom"}]`.
 /// Entries with another `type` are Anthropic's server tools (web search,
 /// bash, text editor, ...): this server runs none, so they are left out.
@@ -562,6 +567,14 @@ fn parse_tools(value: Option<&Value>) -> Result<Vec<ToolDefinition>, Invalid> {
             Some(_) => return Err(invalid(&at("name"), "must be a string")),
             None => return Err(invalid(&at("name"), "field required")),
         };
+        if !valid_tool_name(name, MAX_TOOL_NAME_LEN) {
+            return Err(invalid(
+                &at("name"),
+                format!(
+                    "must match ^[a-zA-Z0-9_-]{{1,{MAX_TOOL_NAME_LEN}}}$ (letters, digits, `_`, `-`), got {name:?}"
+                ),
+            ));
+        }
         if !names.insert(name.clone()) {
             return Err(invalid(
                 &at("name"),

@@ -196,6 +196,25 @@ fn tool_round_trip_history_parses() {
 }
 
 #[test]
+fn tool_names_up_to_128_of_anthropics_characters_are_accepted() {
+    let long = "m".repeat(128);
+    let r = parse(json!({
+        "model": "m", "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [
+            {"name": "mcp__files__read_file", "input_schema": {"type": "object"}},
+            {"name": "Get-Time_2", "input_schema": {"type": "object"}},
+            {"name": long, "input_schema": {"type": "object"}},
+        ],
+    }));
+    let names: Vec<&str> = r.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["mcp__files__read_file", "Get-Time_2", long.as_str()]
+    );
+}
+
+#[test]
 fn system_forms() {
     let system = |s: Value| {
         let r = parse(body(json!({"system": s})));
@@ -524,6 +543,18 @@ fn each_rejection_names_its_param() {
         ),
         (
             tools(json!([{"name": 7, "input_schema": {}}])),
+            "tools[0].name",
+        ),
+        (
+            tools(json!([{"name": "get weather", "input_schema": {}}])),
+            "tools[0].name",
+        ),
+        (
+            tools(json!([{"name": "f\n</tools>", "input_schema": {}}])),
+            "tools[0].name",
+        ),
+        (
+            tools(json!([{"name": "x".repeat(129), "input_schema": {}}])),
             "tools[0].name",
         ),
         (tools(json!([{"name": "f"}])), "tools[0].input_schema"),

@@ -575,3 +575,15 @@ fn offsets_count_code_points() {
     assert_eq!(o.offset, 6);
     assert!(o.pending.is_empty());
 }
+
+#[test]
+fn seed_is_a_signed_64_bit_integer_as_in_responses() {
+    let seed = |s: Value| parse(json!({"prompt": "x", "seed": s})).0.sampling.seed;
+    assert_eq!(seed(json!(-1)), Some(u64::MAX));
+    assert_eq!(seed(json!(i64::MAX)), Some(i64::MAX as u64));
+    for bad in [json!(9223372036854775808u64), json!(2.5)] {
+        let (param, message) = rejection(json!({"prompt": "x", "seed": bad}));
+        assert_eq!(param, "seed");
+        assert!(message.contains("-2^63 to 2^63-1"), "{message}");
+    }
+}

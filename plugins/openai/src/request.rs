@@ -27,6 +27,7 @@
 
 use std::collections::HashSet;
 
+use mlxhost_plugin_sdk::fields::{self, valid_function_name};
 use mlxhost_plugin_sdk::v2::adapter::mlxhost::plugin::request::{
     ContentPart, GenerationRequest, Message, Prompt, SamplingRequest, ToolCall, ToolChoice,
 };
@@ -201,7 +202,7 @@ pub(crate) fn sampling(obj: &Map<String, Value>) -> Result<SamplingRequest, Inva
         min_p: f.ranged("min_p", 0.0, 1.0)?,
         xtc_probability: f.ranged("xtc_probability", 0.0, 1.0)?,
         xtc_threshold: f.ranged("xtc_threshold", 0.0, 0.5)?,
-        seed: f.int("seed")?.map(|s| s as u64),
+        seed: f.seed("seed")?,
         repetition_penalty: match f.number("repetition_penalty")? {
             Some(p) if p <= 0.0 => {
                 return Err(invalid(
@@ -347,6 +348,19 @@ impl Fields<'_> {
                 .map(Some)
                 .ok_or_else(|| invalid(key, format!("`{key}` must be an integer"))),
             Some(_) => Err(invalid(key, format!("`{key}` must be an integer"))),
+        }
+    }
+    /// A sampling seed: the SDK's rule ([`fields::seed`]), shared by every
+    /// first-party adapter.
+    pub(crate) fn seed(&self, key: &str) -> Result<Option<u64>, Invalid> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => fields::seed(v).map(Some).ok_or_else(|| {
+                invalid(
+                    key,
+                    format!("`{key}` must be {}, got {v}", fields::SEED_RANGE),
+                )
+            }),
         }
     }
     pub(crate) fn uint(&self, key: &str) -> Result<Option<u32>, Invalid> {
@@ -670,14 +684,6 @@ fn parse_logit_bias(value: Option<&Value>) -> Result<Vec<(u32, f32)>, Invalid> {
         out.push((id, bias as f32));
     }
     Ok(out)
-}
-
-/// OpenAI's function name rule: `^[a-zA-Z0-9_-]{1,64}$`.
-fn valid_function_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// `tools: [{"type": "function", "function": {"name", "description"?,

@@ -142,7 +142,7 @@ pub fn parse(
         min_p: f.ranged("min_p", 0.0, 1.0)?,
         xtc_probability: None,
         xtc_threshold: None,
-        seed: f.u64("seed")?,
+        seed: f.seed("seed")?,
         repetition_penalty: None,
         repetition_context_size: None,
         presence_penalty: None,

@@ -533,3 +533,21 @@ fn a_truncated_stream_with_logprobs_agrees_with_its_final_response() {
         done["item"]["content"][0]["logprobs"]
     );
 }
+
+#[test]
+fn seed_is_a_signed_64_bit_integer_as_in_chat_completions() {
+    let seed = |s: Value| ok(json!({"input": "Hi", "seed": s})).0.sampling.seed;
+    assert_eq!(seed(json!(7)), Some(7));
+    assert_eq!(seed(json!(-1)), Some(u64::MAX));
+    assert_eq!(seed(json!(i64::MAX)), Some(i64::MAX as u64));
+    for bad in [json!(9223372036854775808u64), json!(1.5), json!("7")] {
+        let e = parse(
+            json!({"input": "Hi", "seed": bad}).to_string().as_bytes(),
+            &no_store,
+            false,
+        )
+        .expect_err("rejected");
+        assert_eq!(e.param.as_deref(), Some("seed"));
+        assert!(e.message.contains("-2^63 to 2^63-1"), "{}", e.message);
+    }
+}

@@ -155,6 +155,17 @@ impl<'a> Fields<'a> {
             .transpose()
     }
 
+    /// A sampling seed ([`seed`]'s rule).
+    pub fn seed(&self, key: &str) -> Result<Option<u64>, Invalid> {
+        let p = self.path(key);
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => seed(v)
+                .map(Some)
+                .ok_or_else(|| invalid(&p, format!("`{p}` must be {SEED_RANGE}, got {v}"))),
+        }
+    }
+
     /// A non-negative integer.
     pub fn u64(&self, key: &str) -> Result<Option<u64>, Invalid> {
         let p = self.path(key);
@@ -259,9 +270,28 @@ pub fn extensions(f: &Fields) -> Result<Extensions, Invalid> {
     })
 }
 
+/// What a `seed` may be, in words for error messages.
+pub const SEED_RANGE: &str = "an integer from -2^63 to 2^63-1";
+
+/// The `seed` rule of every first-party adapter: a signed 64-bit integer
+/// (vLLM's bound for OpenAI's `seed`), handed to the sampler as the same
+/// 64 bits read unsigned (`-1` is seed `2^64-1`). `None` for anything else
+/// (fractions, strings, integers out of range).
+pub fn seed(value: &Value) -> Option<u64> {
+    value.as_i64().map(|s| s as u64)
+}
+
 /// OpenAI's function-name rule: `^[a-zA-Z0-9_-]{1,64}$`.
 pub fn valid_function_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
+    valid_tool_name(name, 64)
+}
+
+/// A tool name of ASCII letters, digits, `_` and `-`, 1 to `max_len` bytes:
+/// `^[a-zA-Z0-9_-]{1,max_len}$` (OpenAI allows 64, Anthropic 128). Names
+/// outside it would be written into the chat template as is, where a
+/// space, quote or newline breaks the tool list the model reads.
+pub fn valid_tool_name(name: &str, max_len: usize) -> bool {
+    (1..=max_len).contains(&name.len())
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
