@@ -5,6 +5,7 @@ mod bench_chain;
 mod config;
 mod convert;
 mod generate;
+mod http_get;
 mod models;
 mod plugins;
 mod score;

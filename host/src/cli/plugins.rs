@@ -12,6 +12,14 @@ pub enum PluginsCommand {
         /// Plugins directory.
         #[arg(default_value = "plugins")]
         dir: PathBuf,
+        /// Also show what a running server holds (`GET /stats`): the plugins
+        /// it serves, and those whose new file failed to load on hot reload
+        /// (the last good version is kept), e.g. `http://127.0.0.1:8080`.
+        #[arg(long)]
+        server: Option<String>,
+        /// API key for `--server` (sent as `Authorization: Bearer KEY`).
+        #[arg(long, env = "MLXHOST_API_KEY")]
+        api_key: Option<String>,
     },
     /// As `list`, plus a smoke call per plugin (a session and one step on
     /// synthetic logits); exits non-zero when anything is rejected or fails.
@@ -29,7 +37,12 @@ pub enum PluginsCommand {
 
 pub fn run(cmd: PluginsCommand) -> anyhow::Result<()> {
     let (dir, check, model) = match cmd {
-        PluginsCommand::List { dir } => (dir, false, None),
+        PluginsCommand::List {
+            server: Some(url),
+            api_key,
+            ..
+        } => return print_server_plugins(&url, api_key.as_deref()),
+        PluginsCommand::List { dir, .. } => (dir, false, None),
         PluginsCommand::Check { dir, model } => (dir, true, model),
     };
     {
@@ -81,4 +94,45 @@ pub fn run(cmd: PluginsCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `plugins list --server URL`: the `plugins` block of the server's
+/// `/stats`, one line per plugin.
+fn print_server_plugins(url: &str, api_key: Option<&str>) -> anyhow::Result<()> {
+    let stats = super::http_get::get_json(url, "/stats", api_key)?;
+    let plugins = stats
+        .get("plugins")
+        .ok_or_else(|| anyhow::anyhow!("{url}/stats has no `plugins` block (an older server?)"))?;
+    let list = |key: &str| {
+        plugins
+            .get(key)
+            .and_then(|v| v.as_array())
+            .cloned()
+            .unwrap_or_default()
+    };
+    let text = |v: &serde_json::Value, key: &str| {
+        v.get(key)
+            .and_then(|s| s.as_str())
+            .unwrap_or("")
+            .to_string()
+    };
+    for name in list("loaded") {
+        println!("serving  {}", name.as_str().unwrap_or(""));
+    }
+    for kept in list("kept") {
+        println!(
+            "kept     {} (last good version; the new file in {} failed: {})",
+            text(&kept, "name"),
+            text(&kept, "dir"),
+            text(&kept, "reason")
+        );
+    }
+    for skipped in list("skipped") {
+        println!(
+            "skipped  {}: {}",
+            text(&skipped, "dir"),
+            text(&skipped, "reason")
+        );
+    }
+    Ok(())
 }

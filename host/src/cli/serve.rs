@@ -76,6 +76,23 @@ pub struct ServeArgs {
     /// Largest accepted request body, MiB (larger: 413).
     #[arg(long, default_value_t = 32)]
     body_limit: usize,
+    /// Most request bodies over 1 MiB read and prepared at once; more wait
+    /// (up to --body-timeout, then a 503). Smaller bodies never wait.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    large_bodies: usize,
+    /// Most requests prepared at once (the API adapter's parse, the chat
+    /// template, the tokenizer; `count_tokens` too); more wait in order.
+    /// Default: the number of CPUs.
+    #[arg(long, value_name = "N")]
+    prepare_concurrency: Option<usize>,
+    /// Most JSON values (array elements, object members, containers) a
+    /// request body may hold; more get a 413 before the adapter parses it.
+    #[arg(long, value_name = "N", default_value_t = 200_000)]
+    max_json_values: usize,
+    /// Most prompt characters tokenized per request; a longer prompt gets a
+    /// 400 before tokenizing. 0: 32 per token of the model's context.
+    #[arg(long, value_name = "CHARS", default_value_t = 0)]
+    max_prompt_chars: usize,
     /// After SIGTERM/SIGINT, seconds in-flight requests may take to finish
     /// before they are cancelled.
     #[arg(long, default_value_t = 30)]
@@ -138,6 +155,12 @@ pub struct ServeArgs {
     /// it is for devices whose compute per step outweighs building it.
     #[arg(long, env = "MLXHOST_DECODE_LOOKAHEAD")]
     decode_lookahead: bool,
+    /// While requests share a batch step: the most any one plugin call may
+    /// take (a row over it fails), and the plugin time after which the
+    /// step's remaining rows run their chains at the next step instead.
+    /// A request alone in the batch keeps the plugins' own deadlines.
+    #[arg(long, value_name = "MS", default_value_t = 50)]
+    plugin_step_ms: u64,
     /// Linear memory cap per sampler/processor instance, MiB.
     #[arg(long, default_value_t = 64)]
     plugin_memory: usize,
@@ -396,8 +419,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             system: args.system.clone(),
             tool_parser: args.tool_parser.clone(),
             reasoning_parser: args.reasoning_parser.clone(),
+            max_prompt_chars: args.max_prompt_chars,
         },
         body_limit: args.body_limit << 20,
+        intake: mlxhost::server::intake::Intake::new(
+            args.large_bodies,
+            args.prepare_concurrency
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
+            args.max_json_values,
+            Duration::from_secs(args.body_timeout),
+        ),
         drain: Duration::from_secs(args.shutdown_timeout),
         caches: CacheConfig {
             prompt_cache_bytes: (args.prompt_cache * (1u64 << 30) as f64) as usize,
@@ -433,6 +464,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             },
             memory_budget,
             decode_lookahead: args.decode_lookahead,
+            plugin_step: Duration::from_millis(args.plugin_step_ms.max(1)),
         },
     };
     let summary_plugins = live.clone();

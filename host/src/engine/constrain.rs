@@ -106,6 +106,12 @@ impl<C: TokenChain> TokenChain for ChoiceConstraint<C> {
     fn chain_time(&self) -> std::time::Duration {
         self.inner.chain_time()
     }
+    fn set_step_cap(&mut self, cap: Option<std::time::Duration>) {
+        self.inner.set_step_cap(cap)
+    }
+    fn host_wait(&self) -> std::time::Duration {
+        self.inner.host_wait()
+    }
 }
 
 #[cfg(test)]

@@ -59,7 +59,16 @@ pub struct SchedulerConfig {
     /// Start the next decode step before reading this one's tokens where
     /// every row allows it (`--decode-lookahead`; see `engine::step`).
     pub decode_lookahead: bool,
+    /// While rows share a step, the most each plugin call may take and the
+    /// plugin time after which the step defers the remaining rows' chains
+    /// to the next step (`--plugin-step-ms`; see `engine::step::run`).
+    pub plugin_step: Duration,
 }
+
+/// The default `plugin_step`: far above a chain's usual cost (well under
+/// a millisecond for the first-party plugins, a few for interpreted guests)
+/// and a small stall for the rows that wait on a slow one.
+pub const DEFAULT_PLUGIN_STEP: Duration = Duration::from_millis(50);
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
@@ -69,6 +78,7 @@ impl Default for SchedulerConfig {
             prefill_chunk: PREFILL_CHUNK,
             memory_budget: MemoryBudget::Off,
             decode_lookahead: default_decode_lookahead(),
+            plugin_step: DEFAULT_PLUGIN_STEP,
         }
     }
 }
@@ -219,6 +229,7 @@ impl<'s> Scheduler<'s> {
                 prefill_chunk: config.prefill_chunk.max(1),
                 memory_budget: config.memory_budget,
                 decode_lookahead: config.decode_lookahead,
+                plugin_step: config.plugin_step,
             },
             budget: config.memory_budget.resolve(),
             shape: None,
@@ -284,7 +295,7 @@ impl<'s> Scheduler<'s> {
             .running
             .iter()
             .zip(&take)
-            .filter(|(s, &n)| n > 0 || s.lookahead.is_some())
+            .filter(|(s, &n)| n > 0 || s.lookahead.is_some() || s.deferred.is_some())
             .count();
         report.prefill_tokens = self
             .running
@@ -295,7 +306,13 @@ impl<'s> Scheduler<'s> {
             .sum();
         let started = Instant::now();
         let lookahead = self.config.decode_lookahead;
-        let outcomes = match step::run(model, &mut self.running, &take, lookahead) {
+        let outcomes = match step::run(
+            model,
+            &mut self.running,
+            &take,
+            lookahead,
+            self.config.plugin_step,
+        ) {
             Ok((outcomes, timing)) => {
                 report.timing = timing;
                 outcomes
@@ -313,7 +330,7 @@ impl<'s> Scheduler<'s> {
         let mut chosen = 0u64;
         for (i, outcome) in outcomes.into_iter().enumerate() {
             match outcome {
-                RowOutcome::Idle | RowOutcome::Fed => {}
+                RowOutcome::Idle | RowOutcome::Fed | RowOutcome::Deferred => {}
                 RowOutcome::Failed(e) => retire.push((i, Err(e))),
                 RowOutcome::Token(info, sampled) => {
                     chosen += 1;
@@ -734,6 +751,7 @@ mod tests {
             prefill_chunk: chunk,
             memory_budget: MemoryBudget::Off,
             decode_lookahead: false,
+            plugin_step: DEFAULT_PLUGIN_STEP,
         });
         s.running = rows;
         s

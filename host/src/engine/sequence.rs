@@ -80,6 +80,10 @@ pub struct Sequence<'s> {
     /// `fed` when that token is taken ([`Sequence::take_token`]); a row that
     /// ends first drops it ([`Sequence::settle_cache`]).
     pub(crate) fed_ahead: bool,
+    /// Logits the row's last forward produced whose chain a step deferred
+    /// (its plugin bound was used up by other rows): the next step runs the
+    /// chain on them first, feeding nothing for the row.
+    pub(crate) deferred: Option<mlx_rs::Array>,
 }
 
 /// A token a lookahead step is choosing for a row.
@@ -135,6 +139,7 @@ impl<'s> Sequence<'s> {
             reserved_bytes: 0,
             lookahead: None,
             fed_ahead: false,
+            deferred: None,
         }
     }
 

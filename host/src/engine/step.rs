@@ -59,6 +59,9 @@ pub(crate) enum RowOutcome {
     Idle,
     /// Prompt tokens were fed; no token was chosen yet.
     Fed,
+    /// The row's logits are ready but its chain waits for the next step
+    /// (this step's plugin bound was used up by other rows).
+    Deferred,
     /// A token was chosen: its raw-distribution info, and its
     /// log-probability under the distribution the sampler drew from.
     Token(TokenInfo, f32),
@@ -88,7 +91,11 @@ pub struct StepTiming {
 /// feed (0: the row sits this step out); rows whose token is already in
 /// flight from the previous call's lookahead feed nothing and read it.
 /// `lookahead`: start the next step before reading this one where every row
-/// allows it (see the module doc). Returns one outcome per sequence.
+/// allows it (see the module doc). `plugin_step` bounds the plugin chains
+/// while rows share the step (`--plugin-step-ms`): each call's deadline is
+/// capped at it, and rows whose chain has not started once the chains have
+/// taken it are deferred to the next step, where they run first. Returns
+/// one outcome per sequence.
 ///
 /// Errors (the whole step failed, so every row in it fails): an MLX error
 /// while building or evaluating the forward.
@@ -97,6 +104,7 @@ pub(crate) fn run(
     seqs: &mut [Sequence<'_>],
     take: &[usize],
     lookahead: bool,
+    plugin_step: Duration,
 ) -> Result<(Vec<RowOutcome>, StepTiming), GenerateError> {
     let mut timing = StepTiming::default();
     let started = Instant::now();
@@ -131,7 +139,14 @@ pub(crate) fn run(
         .enumerate()
         .filter_map(|(i, s)| s.lookahead.take().map(|l| (i, l)))
         .collect();
-    if members.is_empty() && in_flight.is_empty() {
+    // Rows whose logits an earlier step computed but whose chain it
+    // deferred (the step's plugin bound ran out): their chains run first.
+    let deferred: Vec<(usize, Array)> = seqs
+        .iter_mut()
+        .enumerate()
+        .filter_map(|(i, s)| s.deferred.take().map(|l| (i, l)))
+        .collect();
+    if members.is_empty() && in_flight.is_empty() && deferred.is_empty() {
         return Ok((seqs.iter().map(|_| RowOutcome::Idle).collect(), timing));
     }
     for &(i, n, _) in &members {
@@ -147,14 +162,35 @@ pub(crate) fn run(
     // Rows whose chain produced a token this step.
     let mut chosen: Vec<Chose> = Vec::new();
     let plugins_started = Instant::now();
+    // Rows choosing a token this step, in the order their chains run.
+    let mut choosing: Vec<(usize, Array)> = deferred;
     for (&(i, _, completes), row_logits) in members.iter().zip(&logits) {
-        if !completes {
+        if completes {
+            choosing.push((i, row_logits.index(0)));
+        } else {
             outcomes[i] = RowOutcome::Fed;
+        }
+    }
+    // While rows share the step, each chain's calls are capped at the
+    // bound and, once the chains have used the bound (their own time, not
+    // time waiting on the forward), the rest wait for the next step: the
+    // step never waits on plugins much longer than twice the bound.
+    let shared = choosing.len() > 1;
+    let mut plugin_time = Duration::ZERO;
+    for (i, raw) in choosing {
+        let seq = &mut seqs[i];
+        if shared && plugin_time >= plugin_step {
+            seq.deferred = Some(raw);
+            outcomes[i] = RowOutcome::Deferred;
             continue;
         }
-        let seq = &mut seqs[i];
-        let raw = row_logits.index(0);
-        match choose(seq, raw.clone(), vocab, seq.generated as u32) {
+        seq.chain.set_step_cap(shared.then_some(plugin_step));
+        let (started, waited) = (Instant::now(), seq.chain.host_wait());
+        let result = choose(seq, raw.clone(), vocab, seq.generated as u32);
+        plugin_time += started
+            .elapsed()
+            .saturating_sub(seq.chain.host_wait().saturating_sub(waited));
+        match result {
             Ok((token, sampled)) => chosen.push(Chose {
                 seq: i,
                 raw,

@@ -177,7 +177,47 @@ impl Manifest {
                 "capability `{c}` is not grantable (WIT 0.1.0 grants none)"
             ));
         }
+        if !is_plain_relative(&m.component) {
+            return Err(format!(
+                "`component = {:?}` must be a file name or relative path inside the plugin folder (no `..`, no absolute path)",
+                m.component
+            ));
+        }
         Ok(m)
+    }
+
+    /// The component file, resolved inside `dir`: symlinks are followed and
+    /// the result must still lie inside `dir` (canonicalised), so a
+    /// manifest cannot make the host open a file elsewhere. Errors name the
+    /// manifest's value, never the file's contents.
+    pub fn component_path(&self, dir: &Path) -> Result<std::path::PathBuf, String> {
+        let root = dir
+            .canonicalize()
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        let given = dir.join(&self.component);
+        let resolved = match given.canonicalize() {
+            Ok(p) => p,
+            Err(_) => {
+                return Err(format!(
+                    "component {} not found (build it with scripts/build-plugins.sh)",
+                    given.display()
+                ))
+            }
+        };
+        if !resolved.starts_with(&root) {
+            return Err(format!(
+                "component `{}` resolves outside the plugin folder {} (a symlink out is refused)",
+                self.component,
+                root.display()
+            ));
+        }
+        if !resolved.is_file() {
+            return Err(format!(
+                "component {} is not a regular file",
+                given.display()
+            ));
+        }
+        Ok(resolved)
     }
 
     /// The WIT version, validated by [`Manifest::load`].
@@ -189,6 +229,18 @@ impl Manifest {
     pub fn defaults_json(&self) -> serde_json::Value {
         serde_json::to_value(&self.defaults).unwrap_or_else(|_| serde_json::json!({}))
     }
+}
+
+/// Whether `p` is a non-empty relative path of plain names (no `..`, `.`
+/// only, root or drive prefix).
+fn is_plain_relative(p: &str) -> bool {
+    use std::path::Component;
+    let path = Path::new(p);
+    !p.is_empty()
+        && path
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+        && path.components().any(|c| matches!(c, Component::Normal(_)))
 }
 
 #[cfg(test)]
@@ -236,5 +288,42 @@ mod tests {
         assert!(Manifest::load(d.path()).unwrap_err().contains("sampler"));
         write(d.path(), "name = \"p\"\nversion = \"1\"\nkinds = [\"api-adapter\"]\ncomponent = \"p.wasm\"\nwit = \"mlxhost:plugin@0.2.0\"\n");
         assert!(Manifest::load(d.path()).is_ok());
+    }
+
+    #[test]
+    fn a_component_path_cannot_leave_the_plugin_folder() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let head = "name = \"a\"\nversion = \"1\"\nkinds = [\"sampler\"]\nwit = \"mlxhost:plugin@0.1.0\"\n";
+        for bad in [
+            "../../../../etc/passwd",
+            "/etc/passwd",
+            "",
+            "..",
+            "x/../../y.wasm",
+        ] {
+            write(d.path(), &format!("{head}component = {bad:?}\n"));
+            let err = Manifest::load(d.path()).expect_err(bad);
+            assert!(err.contains("inside the plugin folder"), "{bad}: {err}");
+        }
+        // A symlink that points out of the folder is refused at resolution,
+        // and the message never carries the target's contents.
+        let outside = tempfile::tempdir().expect("tempdir");
+        let secret = outside.path().join("secret.wasm");
+        std::fs::write(&secret, "root:x:0:0:secret").expect("write");
+        std::os::unix::fs::symlink(&secret, d.path().join("link.wasm")).expect("symlink");
+        write(d.path(), &format!("{head}component = \"link.wasm\"\n"));
+        let m = Manifest::load(d.path()).expect("the name itself is plain");
+        let err = m.component_path(d.path()).expect_err("escapes");
+        assert!(err.contains("outside the plugin folder"), "{err}");
+        assert!(!err.contains("root:x"), "{err}");
+        // Inside the folder (also through a subfolder) resolves.
+        std::fs::create_dir(d.path().join("sub")).expect("mkdir");
+        std::fs::write(d.path().join("sub/ok.wasm"), b"\0asm").expect("write");
+        write(d.path(), &format!("{head}component = \"./sub/ok.wasm\"\n"));
+        let m = Manifest::load(d.path()).expect("plain");
+        assert!(m
+            .component_path(d.path())
+            .expect("inside")
+            .ends_with("sub/ok.wasm"));
     }
 }

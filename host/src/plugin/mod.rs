@@ -6,6 +6,7 @@
 
 pub mod bindings;
 pub mod device_ops;
+pub mod limiter;
 pub mod manifest;
 pub mod reload;
 pub mod runtime;

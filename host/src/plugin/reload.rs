@@ -20,7 +20,6 @@ type Stamp = Vec<(PathBuf, u64, Option<SystemTime>)>;
 /// The current plugins of a directory, replaced atomically on change.
 pub struct LivePlugins {
     dir: PathBuf,
-    limits: PluginLimits,
     current: RwLock<Arc<PluginHost>>,
     loaded_stamp: Mutex<Stamp>,
     last_seen: Mutex<Stamp>,
@@ -55,7 +54,6 @@ impl LivePlugins {
         let host = PluginHost::load_dir(dir, limits)?;
         Ok(Arc::new(LivePlugins {
             dir: dir.into(),
-            limits,
             current: RwLock::new(Arc::new(host)),
             loaded_stamp: Mutex::new(before.clone()),
             last_seen: Mutex::new(before),
@@ -90,7 +88,7 @@ impl LivePlugins {
         if !settled || *loaded == now {
             return None;
         }
-        match PluginHost::load_dir(&self.dir, self.limits) {
+        match self.current().reload(&self.dir) {
             Ok(host) => {
                 if let Some(v) = self.vocab.get() {
                     host.set_vocab(v.clone());
@@ -98,7 +96,7 @@ impl LivePlugins {
                 let host = Arc::new(host);
                 *loaded = now;
                 let names: Vec<&str> = host.plugins.keys().map(String::as_str).collect();
-                tracing::info!(plugins = ?names, skipped = host.skipped.len(), "plugins reloaded");
+                tracing::info!(plugins = ?names, skipped = host.skipped.len(), kept = host.kept.len(), "plugins reloaded");
                 match self.current.write() {
                     Ok(mut g) => *g = host.clone(),
                     Err(poisoned) => *poisoned.into_inner() = host.clone(),

@@ -116,12 +116,24 @@ pub enum PluginError {
         /// What the plugin said.
         cause: String,
     },
+    /// The plugin ran out of its linear-memory cap while working on a
+    /// client's input (an API adapter parsing a request body): the input is
+    /// too large for the configured cap, a 413 over HTTP.
+    #[error("plugin `{plugin}` ran out of its memory cap of {} MiB on this input", cap_bytes >> 20)]
+    OutOfMemory {
+        /// Plugin name.
+        plugin: String,
+        /// The instance's cap, bytes.
+        cap_bytes: usize,
+    },
     /// The wasmtime engine could not be set up.
     #[error("plugin engine: {0}")]
     Engine(String),
 }
 
-/// A plugin that loaded, with its pre-instantiated worlds.
+/// A plugin that loaded, with its pre-instantiated worlds. Cloning shares
+/// the compiled component (a reload keeps a plugin's last good version).
+#[derive(Clone)]
 pub struct LoadedPlugin {
     /// Its manifest.
     pub manifest: Manifest,
@@ -144,6 +156,7 @@ pub struct LoadedPlugin {
 }
 
 /// A pre-instantiated API adapter of either WIT version.
+#[derive(Clone)]
 pub enum AdapterPre {
     /// `mlxhost:plugin@0.1.0`.
     V1(ApiAdapterPluginPre<PluginState>),
@@ -160,6 +173,19 @@ pub struct Skipped {
     pub reason: String,
 }
 
+/// A plugin whose folder changed and no longer loads, still served in the
+/// version that last loaded (hot reload never drops a working plugin for a
+/// broken file).
+#[derive(Debug, Clone)]
+pub struct Kept {
+    /// The plugin's name (of the version still served).
+    pub name: String,
+    /// Its folder.
+    pub dir: PathBuf,
+    /// Why the new files did not load.
+    pub reason: String,
+}
+
 /// All plugins of a directory, ready to instantiate.
 pub struct PluginHost {
     engine: Engine,
@@ -167,6 +193,9 @@ pub struct PluginHost {
     pub plugins: BTreeMap<String, LoadedPlugin>,
     /// Folders that did not load.
     pub skipped: Vec<Skipped>,
+    /// Of `plugins`, those served in their last good version because their
+    /// folder's new files failed to load ([`PluginHost::reload`]).
+    pub kept: Vec<Kept>,
     /// Instance limits.
     pub limits: PluginLimits,
     /// The model's vocabulary, lent to every instance (set once a model is loaded).
@@ -195,6 +224,34 @@ impl PluginHost {
         }
         let engine = make_engine()?;
         let ticker = start_ticker(&engine)?;
+        Self::load_with(dir, limits, engine, ticker, None)
+    }
+
+    /// Loads `dir` again on this host's engine. A plugin folder that still
+    /// exists but no longer loads (a half-written or corrupt component, a
+    /// broken manifest) keeps the version `self` serves, listed in
+    /// [`PluginHost::kept`] with the reason; a removed folder removes its
+    /// plugin. Errors: [`PluginError::MissingDir`].
+    pub fn reload(&self, dir: &Path) -> Result<Self, PluginError> {
+        if !dir.is_dir() {
+            return Err(PluginError::MissingDir(dir.into()));
+        }
+        Self::load_with(
+            dir,
+            self.limits,
+            self.engine.clone(),
+            self._ticker.clone(),
+            Some(self),
+        )
+    }
+
+    fn load_with(
+        dir: &Path,
+        limits: PluginLimits,
+        engine: Engine,
+        ticker: Arc<EpochTicker>,
+        previous: Option<&PluginHost>,
+    ) -> Result<Self, PluginError> {
         let mut linker: Linker<PluginState> = Linker::new(&engine);
         super::bindings::sampler::SamplerPlugin::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s)
             .map_err(|e| PluginError::Engine(e.to_string()))?;
@@ -225,6 +282,7 @@ impl PluginHost {
         let cache = crate::paths::cache_dir().join("components");
         let mut plugins = BTreeMap::new();
         let mut skipped = Vec::new();
+        let mut failed = Vec::new();
         let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
             .map_err(|_| PluginError::MissingDir(dir.into()))?
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -243,19 +301,60 @@ impl PluginHost {
                         plugins.insert(p.manifest.name.clone(), p);
                     }
                 }
-                Err(reason) => skipped.push(Skipped { dir: pdir, reason }),
+                Err(reason) => failed.push(Skipped { dir: pdir, reason }),
             }
         }
-        for s in &skipped {
+        // A folder that loaded before keeps that version (same engine, so
+        // its pre-instantiation stays valid) unless its name is now taken.
+        let mut kept = Vec::new();
+        for f in failed {
+            let last_good = previous.and_then(|prev| {
+                prev.plugins
+                    .values()
+                    .find(|p| p.dir == f.dir && !plugins.contains_key(&p.manifest.name))
+            });
+            match last_good {
+                Some(p) => {
+                    tracing::warn!(dir = %f.dir.display(), reason = %f.reason, plugin = %p.manifest.name, "plugin changed but does not load; keeping its last good version");
+                    kept.push(Kept {
+                        name: p.manifest.name.clone(),
+                        dir: f.dir,
+                        reason: f.reason,
+                    });
+                    plugins.insert(p.manifest.name.clone(), p.clone());
+                }
+                None => {
+                    tracing::warn!(dir = %f.dir.display(), reason = %f.reason, "plugin skipped");
+                    skipped.push(f);
+                }
+            }
+        }
+        for s in skipped.iter().filter(|s| s.reason.starts_with("duplicate")) {
             tracing::warn!(dir = %s.dir.display(), reason = %s.reason, "plugin skipped");
         }
         Ok(PluginHost {
             engine,
             plugins,
             skipped,
+            kept,
             limits,
             vocab: std::sync::OnceLock::new(),
             _ticker: ticker,
+        })
+    }
+
+    /// What `/stats` shows under `plugins`: the loaded plugins' names,
+    /// those served in their last good version (`kept`: name, folder, why
+    /// the new files failed) and the folders that did not load (`skipped`).
+    pub fn status_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "loaded": self.plugins.keys().collect::<Vec<_>>(),
+            "kept": self.kept.iter().map(|k| serde_json::json!({
+                "name": k.name, "dir": k.dir.display().to_string(), "reason": k.reason,
+            })).collect::<Vec<_>>(),
+            "skipped": self.skipped.iter().map(|s| serde_json::json!({
+                "dir": s.dir.display().to_string(), "reason": s.reason,
+            })).collect::<Vec<_>>(),
         })
     }
 
@@ -323,7 +422,7 @@ fn new_store(engine: &Engine, memory_bytes: usize, deadline_ticks: u64) -> Store
     // At the deadline: time the guest spent waiting on host calls does not
     // count against it (credited once), anything else is an interrupt trap.
     store.epoch_deadline_callback(|mut ctx| {
-        let credit = std::mem::take(&mut ctx.data_mut().host_call_ticks);
+        let credit = ctx.data_mut().take_credit_ticks();
         if credit > 0 {
             Ok(wasmtime::UpdateDeadline::Continue(credit))
         } else {
@@ -370,6 +469,14 @@ fn start_ticker(engine: &Engine) -> Result<Arc<EpochTicker>, PluginError> {
 /// when present (precompiled components load in ~0.1 ms instead of JIT).
 fn compile_cached(engine: &Engine, path: &Path, cache: &Path) -> Result<(Component, bool), String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // wasmtime's parse error quotes the first bytes it read; a file that is
+    // not WebAssembly at all is named as such, its contents never logged.
+    if !bytes.starts_with(b"\0asm") {
+        return Err(format!(
+            "{}: not a WebAssembly component (no `\\0asm` header)",
+            path.display()
+        ));
+    }
     let hash = Sha256::digest(&bytes);
     let key: String = hash.iter().take(16).map(|b| format!("{b:02x}")).collect();
     // The engine's precompile hash covers the wasmtime version and config.
@@ -408,13 +515,7 @@ fn load_one(
     limits: PluginLimits,
 ) -> Result<LoadedPlugin, String> {
     let manifest = Manifest::load(dir)?;
-    let path = dir.join(&manifest.component);
-    if !path.is_file() {
-        return Err(format!(
-            "component {} not found (build it with scripts/build-plugins.sh)",
-            path.display()
-        ));
-    }
+    let path = manifest.component_path(dir)?;
     let (component, from_cache) = compile_cached(engine, &path, cache)?;
     let mut sampler = None;
     let mut processor = None;

@@ -29,19 +29,6 @@ pub struct AdapterServices {
     pub count_tokens: Option<Arc<CountTokens>>,
 }
 
-impl PluginState {
-    /// Runs host work for the guest, crediting its time to the guest's
-    /// deadline (see [`PluginState::host_call_ticks`]).
-    fn timed<R>(&mut self, work: impl FnOnce(&mut Self) -> R) -> R {
-        let started = std::time::Instant::now();
-        let r = work(self);
-        let tick = super::runtime::EPOCH_TICK.as_nanos().max(1);
-        let ticks = (started.elapsed().as_nanos() / tick) as u64 + 1;
-        self.host_call_ticks = self.host_call_ticks.saturating_add(ticks);
-        r
-    }
-}
-
 impl response_store::Host for PluginState {
     fn put(&mut self, key: String, value: Vec<u8>) -> Result<(), String> {
         self.timed(|state| state.store_put(key, value))

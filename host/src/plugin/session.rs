@@ -165,6 +165,18 @@ pub struct RowChain {
     pub plugin_time: Duration,
     /// Every plugin in the chain declares `history_free` in its manifest.
     history_free: bool,
+    /// The batch step's cap on every call's deadline while the row shares
+    /// a step with others ([`TokenChain::set_step_cap`]): (cap, its ticks).
+    step_cap: Option<(Duration, u64)>,
+}
+
+/// How a capped call's interrupt reads (the plugin missed the batch step's
+/// bound, not its own deadline).
+fn over_step_cap(cap: Duration) -> String {
+    format!(
+        "exceeded the batch step's plugin bound of {} ms while sharing the batch (--plugin-step-ms)",
+        cap.as_millis()
+    )
 }
 
 pub(crate) fn failed(plugin: &str, cause: impl std::fmt::Display) -> PluginError {
@@ -209,11 +221,14 @@ pub(crate) fn created_with<T, E>(
         })
 }
 
+/// What an interrupted call (past its deadline) reads as.
+const INTERRUPTED: &str = "exceeded its time limit (epoch deadline)";
+
 /// Trap causes in words users understand.
 pub(crate) fn trap_cause(e: &wasmtime::Error) -> String {
     if let Some(trap) = e.downcast_ref::<wasmtime::Trap>() {
         return match trap {
-            wasmtime::Trap::Interrupt => "exceeded its time limit (epoch deadline)".into(),
+            wasmtime::Trap::Interrupt => INTERRUPTED.into(),
             other => format!("trapped: {other}"),
         };
     }
@@ -274,6 +289,19 @@ pub trait TokenChain {
     /// the token this one chose (decode lookahead). Default false.
     fn history_free(&self) -> bool {
         false
+    }
+    /// Caps the deadline of every plugin call at `cap` until called again
+    /// (`None`: each plugin's own deadline). The engine sets it while the
+    /// row shares a batch step, so one slow plugin cannot hold the other
+    /// rows for its whole deadline. Default: ignored.
+    fn set_step_cap(&mut self, cap: Option<Duration>) {
+        let _ = cap;
+    }
+    /// Time the chain's calls spent waiting on the host (read-backs that
+    /// wait for the step's forward), since the chain was made: not the
+    /// plugins' own time. Default zero.
+    fn host_wait(&self) -> Duration {
+        Duration::ZERO
     }
 }
 
@@ -351,7 +379,28 @@ impl RowChain {
             sampler_ticks: host.deadline_ticks(Kind::Sampler),
             plugin_time: Duration::ZERO,
             history_free,
+            step_cap: None,
         })
+    }
+
+    /// The deadline, in epoch ticks, of a call whose plugin's own deadline
+    /// is `own` ticks: the step cap when it is shorter.
+    fn ticks(&self, own: u64) -> u64 {
+        self.step_cap.map_or(own, |(_, cap)| cap.min(own))
+    }
+
+    /// A failure as the request sees it: an interrupt under the step cap
+    /// names the cap (the plugin's own deadline did not fire).
+    fn named(&self, e: PluginError) -> PluginError {
+        match (e, self.step_cap) {
+            (PluginError::Failed { plugin, cause }, Some((cap, _))) if cause == INTERRUPTED => {
+                PluginError::Failed {
+                    plugin,
+                    cause: over_step_cap(cap),
+                }
+            }
+            (e, _) => e,
+        }
     }
 }
 
@@ -387,6 +436,12 @@ macro_rules! forward_token_chain {
             fn history_free(&self) -> bool {
                 (**self).history_free()
             }
+            fn set_step_cap(&mut self, cap: Option<Duration>) {
+                (**self).set_step_cap(cap)
+            }
+            fn host_wait(&self) -> Duration {
+                (**self).host_wait()
+            }
         }
     )*};
 }
@@ -402,12 +457,68 @@ impl TokenChain for RowChain {
         prompt_len: usize,
         step: u32,
     ) -> Result<StepOutput, PluginError> {
+        self.run_step(logits, ids, prompt_len, step)
+            .map_err(|e| self.named(e))
+    }
+
+    /// Tells every session which token was chosen (after the step's eval).
+    fn accept(
+        &mut self,
+        token: u32,
+        raw_logprob: f32,
+        sampled_logprob: f32,
+    ) -> Result<(), PluginError> {
+        self.run_accept(token, raw_logprob, sampled_logprob)
+            .map_err(|e| self.named(e))
+    }
+
+    /// The sampler's name.
+    fn sampler_name(&self) -> &str {
+        &self.sampler.name
+    }
+
+    fn chain_time(&self) -> Duration {
+        self.plugin_time
+    }
+
+    fn history_free(&self) -> bool {
+        self.history_free
+    }
+
+    fn set_step_cap(&mut self, cap: Option<Duration>) {
+        self.step_cap = cap.map(|c| {
+            let tick = super::runtime::EPOCH_TICK.as_millis().max(1);
+            (c, (c.as_millis() / tick).max(1) as u64 + 1)
+        });
+    }
+
+    fn host_wait(&self) -> Duration {
+        self.processors
+            .iter()
+            .map(|p| p.store.data().host_wait_total)
+            .sum::<Duration>()
+            + self.sampler.store.data().host_wait_total
+    }
+}
+
+impl RowChain {
+    fn run_step(
+        &mut self,
+        logits: Array,
+        ids: &[u32],
+        prompt_len: usize,
+        step: u32,
+    ) -> Result<StepOutput, PluginError> {
         let started = Instant::now();
+        let (processor_ticks, sampler_ticks) = (
+            self.ticks(self.processor_ticks),
+            self.ticks(self.sampler_ticks),
+        );
         let vocab = logits.shape().first().copied().unwrap_or(0) as u32;
         let mut logits = logits;
         for p in &mut self.processors {
             let call_started = Instant::now();
-            p.store.set_epoch_deadline(self.processor_ticks);
+            p.store.set_epoch_deadline(processor_ticks);
             let (bindings, session) = (&p.bindings, p.session);
             let (result, edited) = lend(
                 &mut p.store,
@@ -428,7 +539,7 @@ impl TokenChain for RowChain {
         }
         let call_started = Instant::now();
         let s = &mut self.sampler;
-        s.store.set_epoch_deadline(self.sampler_ticks);
+        s.store.set_epoch_deadline(sampler_ticks);
         let (bindings, session) = (&s.bindings, s.session);
         let (result, final_logits) = lend(
             &mut s.store,
@@ -469,17 +580,20 @@ impl TokenChain for RowChain {
         })
     }
 
-    /// Tells every session which token was chosen (after the step's eval).
-    fn accept(
+    fn run_accept(
         &mut self,
         token: u32,
         raw_logprob: f32,
         sampled_logprob: f32,
     ) -> Result<(), PluginError> {
         let started = Instant::now();
+        let (processor_ticks, sampler_ticks) = (
+            self.ticks(self.processor_ticks),
+            self.ticks(self.sampler_ticks),
+        );
         for p in &mut self.processors {
             let call_started = Instant::now();
-            p.store.set_epoch_deadline(self.processor_ticks);
+            p.store.set_epoch_deadline(processor_ticks);
             let r = p
                 .bindings
                 .mlxhost_plugin_logits_processor()
@@ -490,7 +604,7 @@ impl TokenChain for RowChain {
         }
         let call_started = Instant::now();
         let s = &mut self.sampler;
-        s.store.set_epoch_deadline(self.sampler_ticks);
+        s.store.set_epoch_deadline(sampler_ticks);
         let r = s.bindings.mlxhost_plugin_sampler().session().call_accept(
             &mut s.store,
             s.session,
@@ -502,18 +616,5 @@ impl TokenChain for RowChain {
         r.map_err(|e| failed(&s.name, trap_cause(&e)))?;
         self.plugin_time += started.elapsed();
         Ok(())
-    }
-
-    /// The sampler's name.
-    fn sampler_name(&self) -> &str {
-        &self.sampler.name
-    }
-
-    fn chain_time(&self) -> Duration {
-        self.plugin_time
-    }
-
-    fn history_free(&self) -> bool {
-        self.history_free
     }
 }

@@ -43,19 +43,24 @@ pub struct TokenHandle {
 pub struct PluginState {
     /// Handles lent to the guest.
     pub table: ResourceTable,
-    /// Memory limits of this instance.
-    pub limits: wasmtime::StoreLimits,
+    /// Memory limits of this instance (and whether they refused it memory).
+    pub limits: super::limiter::CappedLimits,
     /// The model's vocabulary; `None` before a model is loaded.
     pub vocab: Option<std::sync::Arc<super::vocab::VocabView>>,
     /// What an API adapter instance may call (`response-store`, `prompt`);
     /// `None` for other plugins.
     pub services: Option<super::services::AdapterServices>,
-    /// Epoch ticks spent inside host calls since the deadline last fired:
-    /// the deadline bounds the guest's own time, so the epoch callback
-    /// ([`super::runtime`]) extends it by this much once instead of
-    /// trapping a guest that waited on the host (e.g. tokenizing a long
-    /// prompt in `prompt.count-tokens`).
-    pub host_call_ticks: u64,
+    /// Time spent inside host calls that wait on the host (read-backs that
+    /// wait for the step's forward, tokenizing a long prompt in
+    /// `prompt.count-tokens`) not yet credited: the deadline bounds the
+    /// guest's own time, so the epoch callback ([`super::runtime`]) extends
+    /// it by the whole ticks of this instead of trapping a guest that
+    /// waited on the host. Fractions carry over (rounding each call up
+    /// would let a guest that calls the host in a loop run forever).
+    pub host_wait_credit: std::time::Duration,
+    /// All time spent waiting on the host since the store was made (the
+    /// engine subtracts it from a chain's time to get the guest's own).
+    pub host_wait_total: std::time::Duration,
 }
 
 impl PluginState {
@@ -63,11 +68,34 @@ impl PluginState {
     pub fn new(limits: wasmtime::StoreLimits) -> Self {
         PluginState {
             table: ResourceTable::new(),
-            limits,
+            limits: super::limiter::CappedLimits::new(limits),
             vocab: None,
             services: None,
-            host_call_ticks: 0,
+            host_wait_credit: std::time::Duration::ZERO,
+            host_wait_total: std::time::Duration::ZERO,
         }
+    }
+
+    /// Runs host work for the guest, crediting its time to the guest's
+    /// deadline (see [`PluginState::host_wait_credit`]).
+    pub(crate) fn timed<T>(&mut self, work: impl FnOnce(&mut Self) -> T) -> T {
+        let started = std::time::Instant::now();
+        let r = work(self);
+        let waited = started.elapsed();
+        self.host_wait_credit += waited;
+        self.host_wait_total += waited;
+        r
+    }
+
+    /// Whole epoch ticks of uncredited host time, taken (the fraction
+    /// stays for the next deadline).
+    pub(crate) fn take_credit_ticks(&mut self) -> u64 {
+        let tick = super::runtime::EPOCH_TICK;
+        let ticks = (self.host_wait_credit.as_nanos() / tick.as_nanos().max(1)) as u64;
+        self.host_wait_credit = self
+            .host_wait_credit
+            .saturating_sub(tick.saturating_mul(ticks as u32));
+        ticks
     }
 
     fn logits(&self, r: &Resource<LogitsHandle>) -> wasmtime::Result<&Array> {
@@ -254,7 +282,7 @@ impl HostLogits for PluginState {
             return Ok(Vec::new());
         }
         let (idx, vals) = crate::logprobs::top_k(cur, k)?;
-        mlx_rs::transforms::eval([&idx, &vals])?;
+        self.timed(|_| mlx_rs::transforms::eval([&idx, &vals]))?;
         Ok(crate::logprobs::sorted_pairs(
             idx.try_as_slice::<u32>()?,
             vals.try_as_slice::<f32>()?,
@@ -270,13 +298,15 @@ impl HostLogits for PluginState {
             );
         }
         let x = cur.index(id as i32);
-        x.eval()?;
+        self.timed(|_| x.eval())?;
         Ok(x.try_item_cast::<f32>()?)
     }
 
     fn read_all(&mut self, l: Resource<LogitsHandle>) -> R<Vec<f32>> {
         let cur = self.logits(&l)?.as_dtype(Dtype::Float32)?.contiguous()?;
-        cur.eval()?;
+        // The wait is mostly the step's forward: the host's time, not the
+        // plugin's.
+        self.timed(|_| cur.eval())?;
         Ok(cur.try_as_slice::<f32>()?.to_vec())
     }
 

@@ -13,7 +13,7 @@
 
 use std::net::IpAddr;
 
-use axum::http::{header, HeaderMap, Method};
+use axum::http::{header, HeaderMap, Method, Uri};
 
 /// The server's access settings (`--api-key`, `--allowed-hosts`,
 /// `--allowed-origins`).
@@ -39,6 +39,16 @@ pub enum Refusal {
     ForeignOrigin(String),
     /// 415: a body that is not JSON on a JSON route.
     NotJson(String),
+    /// 415: a JSON body in a charset other than UTF-8 (RFC 8259 §8.1).
+    NotUtf8(String),
+    /// 415: a body sent with a `Content-Encoding` (gzip, ...): bodies are
+    /// read as sent, and decoding them would let a small request expand
+    /// past `--body-limit` before it could be measured.
+    Encoded(String),
+    /// 400: more than one `Host` header (RFC 9112 §3.2: a server must
+    /// answer 400), or an absolute-form target naming a host the server
+    /// does not answer to alongside an accepted `Host`.
+    AmbiguousHost(String),
 }
 
 impl Refusal {
@@ -47,7 +57,8 @@ impl Refusal {
         match self {
             Refusal::Unauthorized => 401,
             Refusal::ForeignHost(_) | Refusal::ForeignOrigin(_) => 403,
-            Refusal::NotJson(_) => 415,
+            Refusal::NotJson(_) | Refusal::NotUtf8(_) | Refusal::Encoded(_) => 415,
+            Refusal::AmbiguousHost(_) => 400,
         }
     }
 
@@ -64,6 +75,13 @@ impl Refusal {
             Refusal::NotJson(t) => format!(
                 "Content-Type `{t}` is not supported: send the body as `application/json` (curl: -H 'content-type: application/json')"
             ),
+            Refusal::NotUtf8(t) => format!(
+                "Content-Type `{t}` is not supported: JSON bodies must be UTF-8 (send `application/json` or `charset=utf-8`)"
+            ),
+            Refusal::Encoded(e) => format!(
+                "Content-Encoding `{e}` is not supported: send the body uncompressed"
+            ),
+            Refusal::AmbiguousHost(why) => format!("bad request target: {why}"),
         }
     }
 }
@@ -101,6 +119,17 @@ fn same_key(a: &[u8], b: &[u8]) -> bool {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether `ct` (a Content-Type value) names a charset other than UTF-8.
+fn foreign_charset(ct: &str) -> bool {
+    ct.split(';').skip(1).any(|param| {
+        let Some((name, value)) = param.split_once('=') else {
+            return false;
+        };
+        let value = value.trim().trim_matches('"').to_ascii_lowercase();
+        name.trim().eq_ignore_ascii_case("charset") && value != "utf-8" && value != "utf8"
+    })
 }
 
 /// Whether `ct` (a Content-Type value) is JSON: `application/json` or a
@@ -153,25 +182,43 @@ impl AccessPolicy {
     }
 
     /// The checks every request passes before its route runs, in order:
-    /// `Host`, `Origin`, then (unless `open`: `/health`) the API key, then
-    /// (for a body-carrying method on a JSON route) the content type.
+    /// one `Host` (and the target's authority, for an absolute-form target
+    /// `POST http://host/path`), `Origin`, then (unless `open`: `/health`)
+    /// the API key, then (for a body-carrying method on a JSON route) the
+    /// content type, its charset and the content encoding.
     ///
     /// Errors: the first refusal.
     pub fn check(
         &self,
         method: &Method,
+        target: &Uri,
         headers: &HeaderMap,
         open: bool,
         json_route: bool,
     ) -> Result<(), Refusal> {
+        if headers.get_all(header::HOST).iter().count() > 1 {
+            return Err(Refusal::AmbiguousHost("more than one `Host` header".into()));
+        }
         if let Some(hosts) = &self.allowed_hosts {
+            let allowed = |raw: &str| {
+                let name = host_name(raw);
+                hosts.iter().any(|h| h == "*" || *h == name)
+            };
             // HTTP/1.1 requires Host; a request without one gets the
             // bound address's rules as if it named it (curl --http1.0).
             if let Some(value) = headers.get(header::HOST) {
                 let raw = value.to_str().unwrap_or("");
-                let name = host_name(raw);
-                if !hosts.iter().any(|h| h == "*" || *h == name) {
+                if !allowed(raw) {
                     return Err(Refusal::ForeignHost(raw.to_string()));
+                }
+            }
+            // An absolute-form target's authority overrides `Host`
+            // (RFC 9112 §3.2.2), so it must pass the same check.
+            if let Some(authority) = target.authority() {
+                if !allowed(authority.as_str()) {
+                    return Err(Refusal::AmbiguousHost(format!(
+                        "the target names host `{authority}`, which this server does not answer to"
+                    )));
                 }
             }
         }
@@ -190,13 +237,22 @@ impl AccessPolicy {
             // bytes): a browser sends such a body cross-origin only with an
             // `Origin`, which the check above already refused.
             match headers.get(header::CONTENT_TYPE) {
-                Some(ct) if is_json(ct.to_str().unwrap_or("")) => {}
                 Some(ct) => {
-                    return Err(Refusal::NotJson(
-                        ct.to_str().unwrap_or("(not text)").to_string(),
-                    ))
+                    let ct = ct.to_str().unwrap_or("(not text)");
+                    if !is_json(ct) {
+                        return Err(Refusal::NotJson(ct.to_string()));
+                    }
+                    if foreign_charset(ct) {
+                        return Err(Refusal::NotUtf8(ct.to_string()));
+                    }
                 }
                 None => {}
+            }
+            for encoding in headers.get_all(header::CONTENT_ENCODING) {
+                let e = encoding.to_str().unwrap_or("(not text)");
+                if !e.trim().eq_ignore_ascii_case("identity") {
+                    return Err(Refusal::Encoded(e.to_string()));
+                }
             }
         }
         Ok(())
@@ -226,8 +282,15 @@ mod tests {
     #[test]
     fn loopback_binds_answer_only_loopback_names() {
         let p = loopback();
-        let get =
-            |host: &'static str| p.check(&Method::GET, &headers(&[("host", host)]), false, false);
+        let get = |host: &'static str| {
+            p.check(
+                &Method::GET,
+                &Uri::from_static("/"),
+                &headers(&[("host", host)]),
+                false,
+                false,
+            )
+        };
         assert!(get("127.0.0.1:8080").is_ok());
         assert!(get("localhost:8080").is_ok());
         assert!(get("LOCALHOST").is_ok());
@@ -243,6 +306,7 @@ mod tests {
         assert!(open
             .check(
                 &Method::GET,
+                &Uri::from_static("/"),
                 &headers(&[("host", "any.name")]),
                 false,
                 false
@@ -263,9 +327,23 @@ mod tests {
         assert!(!p.authorized(&headers(&[("authorization", "Basic k1")])));
         assert!(!p.authorized(&headers(&[])));
         // `/health` stays open.
-        assert!(p.check(&Method::GET, &headers(&[]), true, false).is_ok());
+        assert!(p
+            .check(
+                &Method::GET,
+                &Uri::from_static("/"),
+                &headers(&[]),
+                true,
+                false
+            )
+            .is_ok());
         assert_eq!(
-            p.check(&Method::GET, &headers(&[]), false, false),
+            p.check(
+                &Method::GET,
+                &Uri::from_static("/"),
+                &headers(&[]),
+                false,
+                false
+            ),
             Err(Refusal::Unauthorized)
         );
         assert!(AccessPolicy::default().authorized(&headers(&[])));
@@ -274,7 +352,7 @@ mod tests {
     #[test]
     fn json_routes_refuse_other_bodies() {
         let p = AccessPolicy::default();
-        let post = |h: HeaderMap| p.check(&Method::POST, &h, false, true);
+        let post = |h: HeaderMap| p.check(&Method::POST, &Uri::from_static("/"), &h, false, true);
         assert!(post(headers(&[("content-type", "application/json")])).is_ok());
         assert!(post(headers(&[(
             "content-type",
@@ -293,7 +371,15 @@ mod tests {
         .is_err());
         assert!(post(headers(&[])).is_ok());
         assert!(post(headers(&[("content-length", "0")])).is_ok());
-        assert!(p.check(&Method::GET, &headers(&[]), false, true).is_ok());
+        assert!(p
+            .check(
+                &Method::GET,
+                &Uri::from_static("/"),
+                &headers(&[]),
+                false,
+                true
+            )
+            .is_ok());
     }
 
     #[test]
@@ -301,7 +387,7 @@ mod tests {
         let p = AccessPolicy::default();
         let h = headers(&[("origin", "https://evil.example")]);
         assert_eq!(
-            p.check(&Method::POST, &h, false, false),
+            p.check(&Method::POST, &Uri::from_static("/"), &h, false, false),
             Err(Refusal::ForeignOrigin("https://evil.example".into()))
         );
         let allowed = AccessPolicy {
@@ -314,6 +400,56 @@ mod tests {
             allowed_origins: vec!["*".into()],
             ..Default::default()
         };
-        assert!(any.check(&Method::POST, &h, false, false).is_ok());
+        assert!(any
+            .check(&Method::POST, &Uri::from_static("/"), &h, false, false)
+            .is_ok());
+    }
+
+    #[test]
+    fn one_host_and_a_target_that_agrees_with_it() {
+        let p = loopback();
+        let mut two = headers(&[("host", "localhost")]);
+        two.append("host", HeaderValue::from_static("evil.example"));
+        assert!(matches!(
+            p.check(&Method::GET, &Uri::from_static("/"), &two, false, false),
+            Err(Refusal::AmbiguousHost(_))
+        ));
+        let h = headers(&[("host", "localhost")]);
+        let foreign = Uri::from_static("http://evil.example/v1/models");
+        let err = p
+            .check(&Method::GET, &foreign, &h, false, false)
+            .unwrap_err();
+        assert_eq!(err.status(), 400);
+        assert!(err.message().contains("evil.example"));
+        let own = Uri::from_static("http://127.0.0.1:8080/v1/models");
+        assert!(p.check(&Method::GET, &own, &h, false, false).is_ok());
+    }
+
+    #[test]
+    fn json_bodies_are_utf8_and_unencoded() {
+        let p = AccessPolicy::default();
+        let post = |h: HeaderMap| p.check(&Method::POST, &Uri::from_static("/"), &h, false, true);
+        assert!(matches!(
+            post(headers(&[(
+                "content-type",
+                "application/json; charset=utf-16"
+            )])),
+            Err(Refusal::NotUtf8(_))
+        ));
+        assert!(post(headers(&[(
+            "content-type",
+            "application/json; charset=\"UTF-8\""
+        )]))
+        .is_ok());
+        let err = post(headers(&[
+            ("content-type", "application/json"),
+            ("content-encoding", "gzip"),
+        ]))
+        .unwrap_err();
+        assert_eq!(
+            (err.status(), err.clone()),
+            (415, Refusal::Encoded("gzip".into()))
+        );
+        assert!(post(headers(&[("content-encoding", "identity")])).is_ok());
     }
 }

@@ -35,7 +35,7 @@ enum Bindings {
 pub struct AdapterCall {
     /// Keeps the plugin host (and its epoch ticker, which enforces the
     /// deadlines below) alive for as long as this instance, across reloads.
-    _host: std::sync::Arc<PluginHost>,
+    host: std::sync::Arc<PluginHost>,
     name: String,
     store: Store<PluginState>,
     bindings: Bindings,
@@ -77,7 +77,7 @@ impl AdapterCall {
         .map_err(|e| failed(name, "instantiate", format!("{e:#}")))?;
         let deadline_ticks = host.deadline_ticks(Kind::ApiAdapter);
         Ok(AdapterCall {
-            _host: host,
+            host,
             name: name.into(),
             store,
             bindings,
@@ -108,7 +108,16 @@ impl AdapterCall {
                     .call_handle(&mut self.store, &self.ctx, req)
             }
         }
-        .map_err(|e| failed(&self.name, "handle", trap(&e)))?;
+        .map_err(|e| {
+            if self.store.data().limits.memory_exhausted() {
+                PluginError::OutOfMemory {
+                    plugin: self.name.clone(),
+                    cap_bytes: self.host.limits.adapter_memory_bytes,
+                }
+            } else {
+                failed(&self.name, "handle", trap(&e))
+            }
+        })?;
         if let Action::Respond(r) = &action {
             self.check(r, "handle")?;
         }

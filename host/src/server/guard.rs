@@ -33,6 +33,12 @@ pub const MAX_URI_BYTES: usize = 8 << 10;
 /// Most header bytes (names and values) served; more gets a 431. hyper
 /// itself refuses, with an empty body, headers past its ~400 KiB buffer.
 pub const MAX_HEADER_BYTES: usize = 64 << 10;
+/// Most header fields served; more gets a 431 (hyper's own default).
+pub const MAX_HEADER_COUNT: usize = 100;
+/// The header fields hyper parses before it refuses a request with an
+/// empty 431 of its own: room above [`MAX_HEADER_COUNT`] so that requests
+/// just past the limit get [`guard`]'s refusal in the dialect's shape.
+pub const PARSED_HEADER_COUNT: usize = 1000;
 
 /// Why a request's head is refused before routing (414/431), if it is.
 fn oversized_head(req: &Request) -> Option<(u16, String)> {
@@ -52,6 +58,13 @@ fn oversized_head(req: &Request) -> Option<(u16, String)> {
         .iter()
         .map(|(k, v)| k.as_str().len() + v.len())
         .sum();
+    let count = req.headers().len();
+    if count > MAX_HEADER_COUNT {
+        return Some((
+            431,
+            format!("the request has {count} header fields; at most {MAX_HEADER_COUNT} are served"),
+        ));
+    }
     (headers > MAX_HEADER_BYTES).then(|| {
         (
             431,
@@ -76,9 +89,13 @@ pub async fn guard(State(app): State<Arc<AppState>>, req: Request, next: Next) -
             .iter()
             .any(|(_, p, _)| super::route_matches(p, &path))
     };
-    let checked = app
-        .access
-        .check(req.method(), req.headers(), is_open(&path), json_route);
+    let checked = app.access.check(
+        req.method(),
+        req.uri(),
+        req.headers(),
+        is_open(&path),
+        json_route,
+    );
     let Err(refusal) = checked else {
         return next.run(req).await;
     };
@@ -114,12 +131,12 @@ pub fn cors_layer(policy: &AccessPolicy) -> Option<CorsLayer> {
     let origin = if policy.allowed_origins.iter().any(|o| o == "*") {
         AllowOrigin::any()
     } else {
-        AllowOrigin::list(
-            policy
-                .allowed_origins
-                .iter()
-                .filter_map(|o| HeaderValue::from_str(o).ok()),
-        )
+        // The same case-insensitive match as the guard's (scheme and host
+        // are case-insensitive): the grant echoes the page's own spelling.
+        let policy = policy.clone();
+        AllowOrigin::predicate(move |origin, _| {
+            origin.to_str().is_ok_and(|o| policy.origin_allowed(o))
+        })
     };
     Some(
         CorsLayer::new()

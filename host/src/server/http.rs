@@ -65,6 +65,8 @@ pub struct AppState {
     pub sse_keep_alive: std::time::Duration,
     /// `/metrics` values recorded as requests are served.
     pub metrics: super::metrics::Metrics,
+    /// Request intake bounds (large bodies, JSON size, preparation).
+    pub intake: super::intake::Intake,
 }
 
 /// What the output pipelines saw, since start (`/stats` `output`).
@@ -114,13 +116,21 @@ fn response(r: HttpResponse) -> Response {
 }
 
 /// The adapter whose dialect a request speaks: the one serving its path
-/// (any method), else the `anthropic` adapter for a client that sends
-/// `anthropic-version`; `None` = the host's own (OpenAI) shape.
+/// (any method), else the one whose route is the longest segment prefix of
+/// it (`/v1/messages/nope` is Anthropic's), else the `anthropic` adapter
+/// for a client that sends `anthropic-version`; `None` = the host's own
+/// (OpenAI) shape.
 fn dialect_of(plugins: &PluginHost, path: &str, headers: &axum::http::HeaderMap) -> Option<String> {
     let routes = super::adapter_routes(plugins);
     routes
         .iter()
         .find(|(_, p, _)| super::route_matches(p, path))
+        .or_else(|| {
+            routes
+                .iter()
+                .filter(|(_, p, _)| super::route_prefixes(p, path))
+                .max_by_key(|(_, p, _)| p.split('/').count())
+        })
         .map(|(_, _, a)| a.clone())
         .or_else(|| {
             let anthropic = headers.contains_key("anthropic-version")
@@ -202,7 +212,9 @@ pub async fn health(State(app): State<Arc<AppState>>) -> Response {
 /// and plugin share per batch size; see `SchedulerStats`), the output
 /// pipelines' (`output`: tool calls, invalid tool calls returned as
 /// content, parser failures), the response store's (`response_store`:
-/// entries, bytes, cap; null when off) and the requests in flight.
+/// entries, bytes, cap; null when off), the plugins (`plugins`: loaded,
+/// kept in their last good version after a failed reload, skipped) and the
+/// requests in flight.
 pub async fn stats(State(app): State<Arc<AppState>>) -> Response {
     let cache = app.engine.prompt_cache_stats();
     let ssd = app.engine.ssd_stats.get().map(|h| h.stats());
@@ -214,6 +226,7 @@ pub async fn stats(State(app): State<Arc<AppState>>) -> Response {
         "ssd_cache": ssd,
         "output": app.output.json(),
         "response_store": app.response_store.as_ref().map(|s| s.stats()),
+        "plugins": app.plugins.current().status_json(),
     }))
     .into_response()
 }
@@ -359,6 +372,18 @@ pub async fn dispatch(
     if declared.is_some_and(|n| n > app.body_limit) {
         return response(call.render_error(&too_large()));
     }
+    let chunked = req
+        .headers()
+        .get(header::TRANSFER_ENCODING)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"chunked"));
+    let busy = |e: super::intake::IntakeError| api_error(503, ErrorKind::Server, e.to_string());
+    // Held until the request is prepared: a large body's bytes and its
+    // parse are what the permit bounds.
+    let large_body_permit = match app.intake.admit_body(declared, chunked).await {
+        Ok(p) => p,
+        Err(e) => return response(call.render_error(&busy(e))),
+    };
+    let (path_for_errors, headers_for_errors) = (path.clone(), req.headers().clone());
     let read = axum::body::to_bytes(req.into_body(), app.body_limit);
     let Ok(read) = tokio::time::timeout(app.body_timeout, read).await else {
         let slow = api_error(
@@ -391,12 +416,20 @@ pub async fn dispatch(
             return response(call.render_error(&bad));
         }
     };
+    if let Err(e) = app.intake.check_json(&body) {
+        return response(call.render_error(&api_error(413, ErrorKind::TooLarge, e.to_string())));
+    }
+    let prepare_permit = match app.intake.admit_prepare().await {
+        Ok(p) => p,
+        Err(e) => return response(call.render_error(&busy(e))),
+    };
     let http_req = HttpRequest {
         method,
         path,
         headers,
         body: body.to_vec(),
     };
+    drop(body);
     // Adapter calls and tokenization of a long prompt are CPU work: keep
     // them off the async workers so /health stays responsive.
     let app2 = app.clone();
@@ -412,6 +445,8 @@ pub async fn dispatch(
             },
             Err(e) => Err(e),
         };
+        drop(http_req);
+        drop((prepare_permit, large_body_permit));
         (call, prepared)
     })
     .await;
@@ -428,7 +463,17 @@ pub async fn dispatch(
     let prepared = match prepared {
         Ok(Ok(p)) => p,
         Ok(Err(r)) => return response(r),
-        Err(e) => return response(host_error(&plugin_error(&e))),
+        // The instance that failed cannot render: a fresh one of the
+        // dialect does (the host's shape if that fails too).
+        Err(e) => {
+            return dialect_error(
+                &app,
+                &path_for_errors,
+                &headers_for_errors,
+                &request_id.0,
+                plugin_error(&e),
+            )
+        }
     };
     run_generation(app, call, prepared, frontend, request_id, plugins).await
 }
@@ -1001,6 +1046,14 @@ fn plugin_error(e: &PluginError) -> ApiError {
             ..api_error(400, ErrorKind::InvalidRequest, e.to_string())
         },
         PluginError::Unknown { .. } => api_error(400, ErrorKind::InvalidRequest, e.to_string()),
+        PluginError::OutOfMemory { plugin, cap_bytes } => api_error(
+            413,
+            ErrorKind::TooLarge,
+            format!(
+                "the request is too large for the `{plugin}` adapter's memory cap of {} MiB (--adapter-memory)",
+                cap_bytes >> 20
+            ),
+        ),
         _ => api_error(500, ErrorKind::Plugin, e.to_string()),
     }
 }

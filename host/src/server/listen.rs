@@ -65,6 +65,7 @@ pub async fn serve(
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)
+            .max_headers(super::guard::PARSED_HEADER_COUNT)
             .serve_connection(TokioIo::new(stream), service);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {

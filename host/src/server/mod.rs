@@ -8,6 +8,7 @@ pub mod adapter;
 mod adapter_v1;
 mod guard;
 pub mod http;
+pub mod intake;
 pub mod listen;
 pub mod metrics;
 pub mod request;
@@ -62,6 +63,8 @@ pub struct ServeConfig {
     pub request_timeout: Option<Duration>,
     /// How long a stream may be silent before a keep-alive is sent.
     pub sse_keep_alive: Duration,
+    /// Request intake bounds (large bodies, JSON size, preparation).
+    pub intake: intake::Intake,
 }
 
 /// Errors that stop the server.
@@ -168,6 +171,15 @@ pub fn route_matches(pattern: &str, path: &str) -> bool {
     }
 }
 
+/// Whether `pattern` (as in [`route_matches`]) matches the leading
+/// segments of `path`, with at least one segment after it
+/// (`/v1/messages` prefixes `/v1/messages/x`, not `/v1/messagesx`).
+pub fn route_prefixes(pattern: &str, path: &str) -> bool {
+    let n = pattern.split('/').count();
+    let segments: Vec<&str> = path.split('/').collect();
+    segments.len() > n && route_matches(pattern, &segments[..n].join("/"))
+}
+
 async fn serve(
     config: ServeConfig,
     load: Box<dyn FnOnce() -> Result<(LoadedModel, String), String> + Send>,
@@ -204,6 +216,7 @@ async fn serve(
         body_timeout: config.body_timeout,
         request_timeout: config.request_timeout,
         sse_keep_alive: config.sse_keep_alive,
+        intake: config.intake,
         metrics: Default::default(),
     });
     let host_only = || get(http::health).fallback(http::method_not_allowed);
@@ -468,5 +481,21 @@ mod route_tests {
             "/v1/responses/{id}/input_items",
             "/v1/responses/r/input_items"
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{route_matches, route_prefixes};
+
+    #[test]
+    fn routes_match_whole_paths_and_prefix_deeper_ones() {
+        assert!(route_matches("/v1/responses/{id}", "/v1/responses/r1"));
+        assert!(!route_matches("/v1/responses/{id}", "/v1/responses/"));
+        assert!(route_prefixes("/v1/messages", "/v1/messages/nope"));
+        assert!(route_prefixes("/v1/messages", "/v1/messages/a/b"));
+        assert!(!route_prefixes("/v1/messages", "/v1/messages"));
+        assert!(!route_prefixes("/v1/messages", "/v1/messagesx"));
+        assert!(!route_prefixes("/v1/messages", "/v1/chat/completions"));
     }
 }

@@ -38,6 +38,52 @@ pub struct Defaults {
     pub tool_parser: Option<String>,
     /// Reasoning parser when a request names none (`--reasoning-parser`).
     pub reasoning_parser: Option<String>,
+    /// Most characters of prompt text tokenized per request
+    /// (`--max-prompt-chars`); 0 = [`CHARS_PER_CONTEXT_TOKEN`] per token of
+    /// the model's context. Checked before tokenizing, which costs about
+    /// 85 bytes of memory per character (measured on a 31.5 MB prompt).
+    pub max_prompt_chars: usize,
+}
+
+/// The default prompt-character bound per token of context: a prompt of
+/// more characters than this per context token cannot fit the context
+/// unless its tokens average more than 32 characters, which no text a
+/// client sends does (English prose averages ~4, code ~3).
+pub const CHARS_PER_CONTEXT_TOKEN: usize = 32;
+
+/// The most prompt characters a request may have tokenized.
+pub fn max_prompt_chars(frontend: &Frontend, defaults: &Defaults) -> usize {
+    match defaults.max_prompt_chars {
+        0 => frontend.context.saturating_mul(CHARS_PER_CONTEXT_TOKEN),
+        n => n,
+    }
+}
+
+/// Refuses a prompt of more than [`max_prompt_chars`] characters before it
+/// is tokenized (or, for messages, rendered): a 400 naming the limit.
+fn check_prompt_chars(
+    chars: usize,
+    field: &str,
+    frontend: &Frontend,
+    defaults: &Defaults,
+) -> Result<(), ApiError> {
+    let limit = max_prompt_chars(frontend, defaults);
+    if chars <= limit {
+        return Ok(());
+    }
+    let why = match defaults.max_prompt_chars {
+        0 => format!(
+            "{CHARS_PER_CONTEXT_TOKEN} per token of this model's {}-token context",
+            frontend.context
+        ),
+        _ => "the server's limit".to_string(),
+    };
+    Err(bad(
+        Some(field),
+        format!(
+            "the prompt has {chars} characters; at most {limit} are tokenized ({why}; --max-prompt-chars)"
+        ),
+    ))
 }
 
 /// Most logits-processor plugins one request may name (`logits_processors`).
@@ -176,13 +222,31 @@ pub fn prepare(
             .map_err(|e| bad(Some("logits_processors"), e.to_string()))?;
         processors.push(name.clone());
     }
-    let sampler = g
-        .sampler
-        .clone()
-        .unwrap_or_else(|| defaults.sampler.clone());
-    plugins
-        .get(&sampler, Kind::Sampler)
-        .map_err(|e| bad(Some("sampler"), e.to_string()))?;
+    let sampler = match &g.sampler {
+        Some(named) => {
+            plugins
+                .get(named, Kind::Sampler)
+                .map_err(|e| bad(Some("sampler"), e.to_string()))?;
+            named.clone()
+        }
+        // The server's default is the operator's choice, not the client's:
+        // when it is gone (removed or broken on disk and never loaded) the
+        // server cannot serve such requests, a 503 naming the cause.
+        None => {
+            plugins
+                .get(&defaults.sampler, Kind::Sampler)
+                .map_err(|e| ApiError {
+                    status: 503,
+                    kind: ErrorKind::Server,
+                    message: format!(
+                        "the server's default sampler is unavailable (--sampler {}): {e}",
+                        defaults.sampler
+                    ),
+                    param: None,
+                })?;
+            defaults.sampler.clone()
+        }
+    };
     let plugin_params: serde_json::Value = serde_json::from_str(&g.plugin_params).map_err(|e| {
         bad(
             Some("plugin_params"),
@@ -473,6 +537,7 @@ fn prompt_ids(
     let tokenizer = &frontend.tokenizer;
     let messages = match &g.prompt {
         Prompt::Text(text) => {
+            check_prompt_chars(text.chars().count(), "prompt", frontend, defaults)?;
             let ids = tokenizer
                 .encode_prompt(text)
                 .map_err(|e| bad(Some("prompt"), e.to_string()))?;
@@ -500,6 +565,26 @@ fn prompt_ids(
         .template
         .as_ref()
         .ok_or_else(|| bad(Some("messages"), "this model has no chat template"))?;
+    // Before rendering: the messages' text alone already over the bound.
+    let given: usize = messages
+        .iter()
+        .flat_map(|m| &m.content)
+        .map(|p| match p {
+            ContentPart::Text(t) => t.len(),
+            ContentPart::ImageUrl(_) => 0,
+        })
+        .sum();
+    if given > max_prompt_chars(frontend, defaults) {
+        let chars = messages
+            .iter()
+            .flat_map(|m| &m.content)
+            .map(|p| match p {
+                ContentPart::Text(t) => t.chars().count(),
+                ContentPart::ImageUrl(_) => 0,
+            })
+            .sum();
+        check_prompt_chars(chars, "messages", frontend, defaults)?;
+    }
     let mut rendered: Vec<TemplateMessage> = Vec::with_capacity(messages.len() + 1);
     if let Some(system) = &defaults.system {
         if !messages.iter().any(|m| m.role == "system") {
@@ -579,6 +664,7 @@ fn prompt_ids(
                 format!("the chat template rejected the messages: {e}"),
             )
         })?;
+    check_prompt_chars(text.chars().count(), "messages", frontend, defaults)?;
     let ids = tokenizer
         .encode(&text)
         .map_err(|e| bad(Some("messages"), e.to_string()))?;
