@@ -127,7 +127,7 @@ def test_concurrent_big_count_tokens_stay_within_the_prepare_bound(server):
 
 
 def test_a_component_path_outside_the_folder_is_refused_without_reading_it(tmp_path):
-    root = plugin_folder(tmp_path, "standard")
+    root = plugin_folder(tmp_path, "standard", "openai")
     escape = root / "escape"
     escape.mkdir()
     (escape / "plugin.toml").write_text(
@@ -244,13 +244,18 @@ def test_a_broken_file_on_hot_reload_keeps_the_last_good_plugin(tmp_path):
 
 
 def test_a_missing_default_sampler_is_a_503_naming_the_server_side_cause(tmp_path):
-    plugins = plugin_folder(tmp_path, "openai")
-    s = Server(plugins=plugins)
+    # The start refuses a missing --sampler; hot reload can still remove it afterwards.
+    plugins = plugin_folder(tmp_path, "standard", "openai")
+    s = Server("--plugins-poll-ms", "200", plugins=plugins)
     try:
         with s.http() as h:
-            r = h.post("/v1/chat/completions", json=HI)
-            err = openai_error(r, 503)
+            assert h.post("/v1/chat/completions", json=HI).status_code == 200
+            shutil.rmtree(plugins / "standard")
+            assert wait_for(lambda: h.post("/v1/chat/completions", json=HI).status_code == 503)
+            err = openai_error(h.post("/v1/chat/completions", json=HI), 503)
             assert "--sampler" in err["message"] and err.get("param") != "sampler", err
+            # Naming a sampler that is loaded still works; naming an unknown one is the client's 400.
+            assert h.post("/v1/chat/completions", json={**HI, "sampler": "nope"}).status_code == 400
     finally:
         s.stop()
 

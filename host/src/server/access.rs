@@ -236,17 +236,14 @@ impl AccessPolicy {
             // No Content-Type at all is read as JSON (scripts posting raw
             // bytes): a browser sends such a body cross-origin only with an
             // `Origin`, which the check above already refused.
-            match headers.get(header::CONTENT_TYPE) {
-                Some(ct) => {
-                    let ct = ct.to_str().unwrap_or("(not text)");
-                    if !is_json(ct) {
-                        return Err(Refusal::NotJson(ct.to_string()));
-                    }
-                    if foreign_charset(ct) {
-                        return Err(Refusal::NotUtf8(ct.to_string()));
-                    }
+            if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+                let ct = ct.to_str().unwrap_or("(not text)");
+                if !is_json(ct) {
+                    return Err(Refusal::NotJson(ct.to_string()));
                 }
-                None => {}
+                if foreign_charset(ct) {
+                    return Err(Refusal::NotUtf8(ct.to_string()));
+                }
             }
             for encoding in headers.get_all(header::CONTENT_ENCODING) {
                 let e = encoding.to_str().unwrap_or("(not text)");
