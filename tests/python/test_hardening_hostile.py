@@ -199,7 +199,7 @@ def test_slow_sampler_rows_do_not_stall_the_other_rows(tmp_path):
             message = r.json()["error"]["message"]
             assert r.status_code == 500 and "spin" in message, r.text
             assert "--plugin-step-ms" in message or "time limit" in message, message
-        assert "exceeded the batch step's plugin bound" in s.text() or any(
+        assert any(
             "--plugin-step-ms" in r.json()["error"]["message"] for r in slow_results
         )
     finally:

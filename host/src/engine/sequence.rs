@@ -84,6 +84,12 @@ pub struct Sequence<'s> {
     /// (its plugin bound was used up by other rows): the next step runs the
     /// chain on them first, feeding nothing for the row.
     pub(crate) deferred: Option<mlx_rs::Array>,
+    /// Steps in a row this row's chain was deferred (the longest-deferred
+    /// row runs first in the next step).
+    pub(crate) deferrals: u32,
+    /// The plugin time of the row's last chain (its own, without waits on
+    /// the forward): the step runs fast chains first.
+    pub(crate) chain_time: std::time::Duration,
 }
 
 /// A token a lookahead step is choosing for a row.
@@ -140,6 +146,8 @@ impl<'s> Sequence<'s> {
             lookahead: None,
             fed_ahead: false,
             deferred: None,
+            deferrals: 0,
+            chain_time: std::time::Duration::ZERO,
         }
     }
 

@@ -94,8 +94,8 @@ pub struct StepTiming {
 /// allows it (see the module doc). `plugin_step` bounds the plugin chains
 /// while rows share the step (`--plugin-step-ms`): each call's deadline is
 /// capped at it, and rows whose chain has not started once the chains have
-/// taken it are deferred to the next step, where they run first. Returns
-/// one outcome per sequence.
+/// taken it are deferred to the next step (chains run fastest first, the
+/// longest-deferred row before all). Returns one outcome per sequence.
 ///
 /// Errors (the whole step failed, so every row in it fails): an MLX error
 /// while building or evaluating the forward.
@@ -171,25 +171,38 @@ pub(crate) fn run(
             outcomes[i] = RowOutcome::Fed;
         }
     }
-    // While rows share the step, each chain's calls are capped at the
-    // bound and, once the chains have used the bound (their own time, not
-    // time waiting on the forward), the rest wait for the next step: the
-    // step never waits on plugins much longer than twice the bound.
-    let shared = choosing.len() > 1;
+    // While rows share the step (every row in the batch waits for it,
+    // prefilling ones too), each chain's calls are capped at the bound and,
+    // once the chains have used the bound (their own time, not time waiting
+    // on the forward), the rest wait for the next step: the step never
+    // waits on plugins much longer than twice the bound.
+    let shared = seqs.len() > 1;
+    // Progress for all: the row deferred longest runs first, then the rest
+    // by how long their chain took last time (the fast first), so a slow
+    // row defers itself, not the rows behind it.
+    let longest_deferred = choosing
+        .iter()
+        .map(|(i, _)| *i)
+        .filter(|&i| seqs[i].deferrals > 0)
+        .max_by_key(|&i| (seqs[i].deferrals, std::cmp::Reverse(i)));
+    choosing.sort_by_key(|(i, _)| (Some(*i) != longest_deferred, seqs[*i].chain_time));
     let mut plugin_time = Duration::ZERO;
     for (i, raw) in choosing {
         let seq = &mut seqs[i];
         if shared && plugin_time >= plugin_step {
             seq.deferred = Some(raw);
+            seq.deferrals += 1;
             outcomes[i] = RowOutcome::Deferred;
             continue;
         }
+        seq.deferrals = 0;
         seq.chain.set_step_cap(shared.then_some(plugin_step));
         let (started, waited) = (Instant::now(), seq.chain.host_wait());
         let result = choose(seq, raw.clone(), vocab, seq.generated as u32);
-        plugin_time += started
+        seq.chain_time = started
             .elapsed()
             .saturating_sub(seq.chain.host_wait().saturating_sub(waited));
+        plugin_time += seq.chain_time;
         match result {
             Ok((token, sampled)) => chosen.push(Chose {
                 seq: i,

@@ -174,7 +174,7 @@ pub struct RowChain {
 /// bound, not its own deadline).
 fn over_step_cap(cap: Duration) -> String {
     format!(
-        "exceeded the batch step's plugin bound of {} ms while sharing the batch (--plugin-step-ms)",
+        "exceeded its time limit: the batch step's plugin bound of {} ms while sharing the batch (--plugin-step-ms)",
         cap.as_millis()
     )
 }
@@ -389,15 +389,25 @@ impl RowChain {
         self.step_cap.map_or(own, |(_, cap)| cap.min(own))
     }
 
-    /// A failure as the request sees it: an interrupt under the step cap
-    /// names the cap (the plugin's own deadline did not fire).
+    /// A failure as the request sees it: an interrupt under a step cap
+    /// shorter than the plugin's own deadline names the cap (the plugin's
+    /// own deadline did not fire).
     fn named(&self, e: PluginError) -> PluginError {
         match (e, self.step_cap) {
-            (PluginError::Failed { plugin, cause }, Some((cap, _))) if cause == INTERRUPTED => {
-                PluginError::Failed {
-                    plugin,
-                    cause: over_step_cap(cap),
-                }
+            (PluginError::Failed { plugin, cause }, Some((cap, cap_ticks)))
+                if cause == INTERRUPTED =>
+            {
+                let own = if plugin == self.sampler.name {
+                    self.sampler_ticks
+                } else {
+                    self.processor_ticks
+                };
+                let cause = if cap_ticks < own {
+                    over_step_cap(cap)
+                } else {
+                    cause
+                };
+                PluginError::Failed { plugin, cause }
             }
             (e, _) => e,
         }
