@@ -78,11 +78,12 @@ pub struct ServeArgs {
     body_limit: usize,
     /// Most request bodies over 1 MiB read and prepared at once; more wait
     /// (up to --body-timeout, then a 503). Smaller bodies never wait.
-    #[arg(long, value_name = "N", default_value_t = 2)]
+    #[arg(long, value_name = "N", default_value_t = 1)]
     large_bodies: usize,
     /// Most requests prepared at once (the API adapter's parse, the chat
     /// template, the tokenizer; `count_tokens` too); more wait in order.
-    /// Default: the number of CPUs.
+    /// Default: half the CPUs (at least 1), so preparation never takes
+    /// every core from the engine (measured: docs/benchmarks.md, soak).
     #[arg(long, value_name = "N")]
     prepare_concurrency: Option<usize>,
     /// Most JSON values (array elements, object members, containers) a
@@ -424,8 +425,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         body_limit: args.body_limit << 20,
         intake: mlxhost::server::intake::Intake::new(
             args.large_bodies,
-            args.prepare_concurrency
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
+            args.prepare_concurrency.unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+            }),
             args.max_json_values,
             Duration::from_secs(args.body_timeout),
         ),
