@@ -87,9 +87,9 @@ pub struct Sequence<'s> {
     /// Steps in a row this row's chain was deferred (the longest-deferred
     /// row runs first in the next step).
     pub(crate) deferrals: u32,
-    /// The plugin time of the row's last chain (its own, without waits on
+    /// The guest time of the row's last chain (its calls less their waits on
     /// the forward): the step runs fast chains first.
-    pub(crate) chain_time: std::time::Duration,
+    pub(crate) last_chain_time: std::time::Duration,
 }
 
 /// A token a lookahead step is choosing for a row.
@@ -147,7 +147,7 @@ impl<'s> Sequence<'s> {
             fed_ahead: false,
             deferred: None,
             deferrals: 0,
-            chain_time: std::time::Duration::ZERO,
+            last_chain_time: std::time::Duration::ZERO,
         }
     }
 

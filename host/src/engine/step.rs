@@ -185,7 +185,7 @@ pub(crate) fn run(
         .map(|(i, _)| *i)
         .filter(|&i| seqs[i].deferrals > 0)
         .max_by_key(|&i| (seqs[i].deferrals, std::cmp::Reverse(i)));
-    choosing.sort_by_key(|(i, _)| (Some(*i) != longest_deferred, seqs[*i].chain_time));
+    choosing.sort_by_key(|(i, _)| (Some(*i) != longest_deferred, seqs[*i].last_chain_time));
     let mut plugin_time = Duration::ZERO;
     for (i, raw) in choosing {
         let seq = &mut seqs[i];
@@ -199,10 +199,10 @@ pub(crate) fn run(
         seq.chain.set_step_cap(shared.then_some(plugin_step));
         let (started, waited) = (Instant::now(), seq.chain.host_wait());
         let result = choose(seq, raw.clone(), vocab, seq.generated as u32);
-        seq.chain_time = started
+        seq.last_chain_time = started
             .elapsed()
             .saturating_sub(seq.chain.host_wait().saturating_sub(waited));
-        plugin_time += seq.chain_time;
+        plugin_time += seq.last_chain_time;
         match result {
             Ok((token, sampled)) => chosen.push(Chose {
                 seq: i,

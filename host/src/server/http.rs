@@ -148,8 +148,20 @@ pub fn dialect_error(
     request_id: &str,
     error: ApiError,
 ) -> Response {
+    let adapter = dialect_of(&app.plugins.current(), path, headers);
+    adapter_error(app, adapter, request_id, error)
+}
+
+/// An error response rendered by a fresh instance of `adapter`; the host's
+/// shape when it is `None` or fails.
+fn adapter_error(
+    app: &AppState,
+    adapter: Option<String>,
+    request_id: &str,
+    error: ApiError,
+) -> Response {
     let plugins = app.plugins.current();
-    let rendered = dialect_of(&plugins, path, headers).and_then(|adapter| {
+    let rendered = adapter.and_then(|adapter| {
         let ctx = RequestContext {
             request_id: request_id.to_string(),
             created: std::time::SystemTime::now()
@@ -383,7 +395,6 @@ pub async fn dispatch(
         Ok(p) => p,
         Err(e) => return response(call.render_error(&busy(e))),
     };
-    let (path_for_errors, headers_for_errors) = (path.clone(), req.headers().clone());
     let read = axum::body::to_bytes(req.into_body(), app.body_limit);
     let Ok(read) = tokio::time::timeout(app.body_timeout, read).await else {
         let slow = api_error(
@@ -464,16 +475,8 @@ pub async fn dispatch(
         Ok(Ok(p)) => p,
         Ok(Err(r)) => return response(r),
         // The instance that failed cannot render: a fresh one of the
-        // dialect does (the host's shape if that fails too).
-        Err(e) => {
-            return dialect_error(
-                &app,
-                &path_for_errors,
-                &headers_for_errors,
-                &request_id.0,
-                plugin_error(&e),
-            )
-        }
+        // same adapter does (the host's shape if that fails too).
+        Err(e) => return adapter_error(&app, Some(adapter), &request_id.0, plugin_error(&e)),
     };
     run_generation(app, call, prepared, frontend, request_id, plugins).await
 }
