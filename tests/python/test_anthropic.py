@@ -331,6 +331,42 @@ def test_system_forms_and_a_system_message_mid_conversation(server, client):
     assert prompt_tokens(r2) == prompt_tokens(r)
 
 
+def billing(suffix):
+    return {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.197.{suffix}; cc_entrypoint=sdk-cli;"}
+
+
+def test_a_new_claude_code_session_reuses_the_system_prompt(server, client):
+    # Claude Code's first system block changes with every session; everything after it does not.
+    # Dropped (the default), a second session's request reuses the whole system prompt.
+    agent = [{"type": "text", "text": "You are an agent. " * 60, "cache_control": {"type": "ephemeral"}}]
+    first = ask(client, [user("Session one.")], "Ok.", system=[billing("3af"), *agent], max_tokens=3)
+    second = ask(client, [user("Session two.")], "Ok.", system=[billing("b1a"), *agent], max_tokens=3)
+    assert prompt_tokens(second) == prompt_tokens(first)
+    cached = second.usage.cache_read_input_tokens
+    assert cached >= 0.9 * prompt_tokens(second) - 10, (cached, prompt_tokens(second))
+    # The same prompt as a system of the agent's text alone.
+    plain = ask(client, [user("Session two.")], "Ok.", system=agent, max_tokens=3)
+    assert prompt_tokens(plain) == prompt_tokens(second)
+    # Kept verbatim on request (x-mlxhost-keep-metadata; the server's --keep-prompt-metadata):
+    # the block reaches the prompt and a new suffix reuses almost nothing.
+    keep = {"x-mlxhost-keep-metadata": "true"}
+    kept = ask(client, [user("Session three.")], "Ok.", system=[billing("df8"), *agent], max_tokens=3, extra_headers=keep)
+    assert prompt_tokens(kept) > prompt_tokens(plain)
+    assert kept.usage.cache_read_input_tokens < 0.5 * prompt_tokens(kept), kept.usage
+
+
+def test_keep_prompt_metadata_flag_keeps_the_billing_block():
+    s = Server("--keep-prompt-metadata")
+    try:
+        c = anthropic.Anthropic(base_url=s.url, api_key="unused", max_retries=0, timeout=300)
+        body = dict(model="m", max_tokens=2, messages=[user("Hi")])
+        kept = c.messages.create(system=[billing("3af"), {"type": "text", "text": "Be brief."}], **body)
+        plain = c.messages.create(system="Be brief.", **body)
+        assert prompt_tokens(kept) > prompt_tokens(plain)
+    finally:
+        s.stop()
+
+
 def test_tool_history_is_the_same_prompt_as_through_openai(server, client):
     anthropic_history = [
         user("Weather in Paris?"),

@@ -3,7 +3,7 @@ field, and the server still serving afterwards."""
 
 import pytest
 
-from conftest import chat
+from conftest import Server, chat
 
 GOOD = {"messages": chat("Hi"), "max_tokens": 2, "temperature": 0}
 
@@ -39,7 +39,7 @@ def still_serving(http):
         ({**GOOD, "max_tokens": -1}, "max_tokens"),
         ({**GOOD, "max_tokens": 0}, "max_tokens"),
         ({**GOOD, "max_tokens": "many"}, "max_tokens"),
-        ({**GOOD, "max_tokens": 10_000_000}, "max_tokens"),
+        ({**GOOD, "max_tokens": 2**40}, "max_tokens"),
         ({**GOOD, "stream": "yes"}, "stream"),
         ({**GOOD, "n": 2}, "n"),
         ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
@@ -74,6 +74,25 @@ def test_a_100k_token_prompt_is_a_400_naming_the_context(http):
     err = error_of(http.post("/v1/chat/completions", json={"messages": chat(text)}), 400)
     assert "context" in err["message"] and err["param"] == "messages"
     still_serving(http)
+
+
+def test_max_tokens_past_the_context_is_an_upper_bound_unless_strict(http):
+    # opencode sends max_tokens 32000 whatever the context (8192 here): clamped, as llama.cpp does.
+    body = {**GOOD, "max_tokens": 32000}
+    for path, b in (("/v1/chat/completions", body), ("/v1/completions", {"prompt": "Hi", "max_tokens": 32000, "stop": [" "]})):
+        r = http.post(path, json={**b, "stop": [" "]})
+        assert r.status_code == 200, (path, r.text)
+    strict = Server("--strict-max-tokens")
+    try:
+        with strict.http() as h:
+            err = error_of(h.post("/v1/chat/completions", json=body), 400)
+            assert err["param"] == "max_tokens" and "--strict-max-tokens" in err["message"], err
+            # Anthropic's max_tokens is an upper bound by the API's own rule, yet strict is strict.
+            r = h.post("/v1/messages", json={"model": "m", "max_tokens": 32000, "messages": chat("Hi")})
+            assert r.status_code == 400 and "--strict-max-tokens" in r.json()["error"]["message"], r.text
+            assert h.post("/v1/chat/completions", json=GOOD).status_code == 200
+    finally:
+        strict.stop()
 
 
 def test_unknown_route_and_wrong_method(http):

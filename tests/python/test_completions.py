@@ -173,7 +173,7 @@ GOOD = {"model": "any", "prompt": COUNT, "max_tokens": 2, "temperature": 0}
         ({**GOOD, "n": 2}, "n"),
         ({**GOOD, "max_tokens": 0}, "max_tokens"),
         ({**GOOD, "max_tokens": "many"}, "max_tokens"),
-        ({**GOOD, "max_tokens": 10_000_000}, "max_tokens"),
+        ({**GOOD, "max_tokens": 2**40}, "max_tokens"),
         ({**GOOD, "temperature": "hot"}, "temperature"),
         ({**GOOD, "logprobs": 6}, "logprobs"),
         ({**GOOD, "logprobs": True}, "logprobs"),

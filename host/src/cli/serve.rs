@@ -94,6 +94,19 @@ pub struct ServeArgs {
     /// 400 before tokenizing. 0: 32 per token of the model's context.
     #[arg(long, value_name = "CHARS", default_value_t = 0)]
     max_prompt_chars: usize,
+    /// Reject a request whose `max_tokens` exceeds what the context leaves
+    /// after its prompt (400), as OpenAI's API does. Without it, such a
+    /// `max_tokens` is an upper bound in every dialect (agents send large
+    /// fixed values: Claude Code 32000, opencode 32000).
+    #[arg(long)]
+    strict_max_tokens: bool,
+    /// Keep client metadata in the prompt verbatim. Without it, adapters
+    /// drop blocks that are not instructions to the model and change per
+    /// session (Claude Code's `x-anthropic-billing-header` system block),
+    /// so an agent's unchanged system prompt is reused from the prompt
+    /// cache across sessions (docs/anthropic.md).
+    #[arg(long)]
+    keep_prompt_metadata: bool,
     /// After SIGTERM/SIGINT, seconds in-flight requests may take to finish
     /// before they are cancelled.
     #[arg(long, default_value_t = 30)]
@@ -421,6 +434,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             tool_parser: args.tool_parser.clone(),
             reasoning_parser: args.reasoning_parser.clone(),
             max_prompt_chars: args.max_prompt_chars,
+            strict_max_tokens: args.strict_max_tokens,
+            keep_prompt_metadata: args.keep_prompt_metadata,
         },
         body_limit: args.body_limit << 20,
         intake: mlxhost::server::intake::Intake::new(

@@ -1,8 +1,13 @@
-//! Admission by memory: what one row may hold at its largest (its KV cache
-//! at the end of its generation, plus the transient activations of its
-//! largest prefill chunk), checked against `--memory-budget` before the
-//! row is prefilled. A row that can never fit fails with a 400; one that
-//! fits only once running rows retire waits in the queue.
+//! Admission by memory, against `--memory-budget`. A row reserves the KV it
+//! holds now plus a little room ([`KV_GROWTH_TOKENS`] positions), and while
+//! it prefills the transient activations of its largest prefill chunk; not
+//! its whole `max_tokens` up front (agents send 32000 and generate a few
+//! hundred). The scheduler grows the reservation as the row decodes; when
+//! the budget runs short it preempts the youngest rows (their KV goes to
+//! the prompt cache and they resume later, re-feeding their history), as
+//! vLLM's scheduler does. A prompt that cannot fit even alone fails with a
+//! 400; one that fits once running rows retire waits in the queue; a row
+//! that is alone and still outgrows the budget finishes with `length`.
 //!
 //! The estimate is an upper bound of the model graph's own buffers
 //! (`model/llama.rs`): KV `[layers, 2, H_kv, T, D]` in the activation dtype
@@ -86,9 +91,37 @@ impl RowShape {
     /// holds at once: its final KV plus its largest prefill forward
     /// (`prefill_chunk` positions after the rest of the prompt).
     pub fn row_bytes(&self, prompt: usize, max_new: usize, prefill_chunk: usize) -> u64 {
-        let chunk = prompt.min(prefill_chunk.max(1));
-        self.kv_bytes(prompt + max_new) + self.activation_bytes(chunk, prompt - chunk)
+        self.reservation_bytes(prompt + max_new, Some(prompt), prefill_chunk)
     }
+
+    /// What a row reserves: KV for `kv_tokens` positions, plus, while it
+    /// prefills up to position `prefill_end`, its largest prefill forward
+    /// (`prefill_chunk` positions after the rest).
+    pub fn reservation_bytes(
+        &self,
+        kv_tokens: usize,
+        prefill_end: Option<usize>,
+        prefill_chunk: usize,
+    ) -> u64 {
+        let activations = prefill_end.map_or(0, |end| {
+            let chunk = end.min(prefill_chunk.max(1));
+            self.activation_bytes(chunk, end - chunk)
+        });
+        self.kv_bytes(kv_tokens) + activations
+    }
+}
+
+/// Positions a row's KV reservation grows by (and the room past its
+/// prompt it reserves at admission).
+pub const KV_GROWTH_TOKENS: usize = 256;
+
+/// Positions to reserve for a row that will hold `needed` positions after
+/// its next step and at most `final_positions` ever: `needed` rounded up to
+/// a whole number of [`KV_GROWTH_TOKENS`], capped at `final_positions`
+/// (never below `needed`).
+pub fn grown_tokens(needed: usize, final_positions: usize) -> usize {
+    let rounded = needed.div_ceil(KV_GROWTH_TOKENS).max(1) * KV_GROWTH_TOKENS;
+    rounded.min(final_positions).max(needed)
 }
 
 /// `--memory-budget`: how many bytes the running rows may reserve.
@@ -154,6 +187,25 @@ mod tests {
         let sliding = shape(vec![LayerKind::SlidingWindow { window: 512 }; 30]);
         assert_eq!(sliding.kv_bytes(512), sliding.kv_bytes(4096));
         assert!(sliding.kv_bytes(511) < sliding.kv_bytes(512));
+    }
+
+    #[test]
+    fn reservations_grow_in_whole_steps_up_to_the_final_length() {
+        assert_eq!(grown_tokens(1, 10_000), KV_GROWTH_TOKENS);
+        assert_eq!(grown_tokens(KV_GROWTH_TOKENS, 10_000), KV_GROWTH_TOKENS);
+        assert_eq!(
+            grown_tokens(KV_GROWTH_TOKENS + 1, 10_000),
+            2 * KV_GROWTH_TOKENS
+        );
+        // Capped by what the row can ever hold, never below the need.
+        assert_eq!(grown_tokens(300, 310), 310);
+        assert_eq!(grown_tokens(300, 200), 300);
+        let s = shape(vec![LayerKind::Full; 30]);
+        assert_eq!(s.reservation_bytes(100, None, 512), s.kv_bytes(100));
+        assert_eq!(
+            s.reservation_bytes(1300, Some(1000), 512),
+            s.kv_bytes(1300) + s.activation_bytes(512, 488)
+        );
     }
 
     #[test]

@@ -122,8 +122,8 @@ pub enum GenerateError {
     /// The host itself failed (a bug, not the request's fault).
     #[error("internal error: {0}")]
     Internal(String),
-    /// The request's KV cache and activations could never fit in
-    /// `--memory-budget` (a 400 naming `max_tokens`).
+    /// The request's prompt KV and prefill activations could never fit in
+    /// `--memory-budget` (a 400 naming the flag).
     #[error("{0}")]
     OverMemoryBudget(String),
     /// The server is shutting down and did not start the request.

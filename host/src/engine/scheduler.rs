@@ -4,17 +4,21 @@
 //!
 //! Each step:
 //! 1. retires rows whose caller cancelled;
-//! 2. admits waiting requests (FIFO) while the batch has room (`max_batch`,
-//!    `--batch`): validates the request, instantiates its plugin chain, and
-//!    consults the prompt cache (both tiers) for the longest cached prefix;
-//! 3. plans the forward: every decoding row feeds its one sampled token;
+//! 2. under a memory budget, grows the running rows' KV reservations to
+//!    what they will hold after this step, and preempts the youngest rows
+//!    while the total is over the budget (`engine::admission`);
+//! 3. resumes preempted rows (oldest first), then admits waiting requests
+//!    (FIFO) while the batch has room (`max_batch`, `--batch`): validates
+//!    the request, instantiates its plugin chain, and consults the prompt
+//!    cache (both tiers) for the longest cached prefix;
+//! 4. plans the forward: every decoding row feeds its one sampled token;
 //!    prefilling rows feed prompt chunks from a per-step budget
 //!    (`prefill_budget` tokens while other rows decode, so a long prompt
 //!    does not freeze the streams already running; up to `prefill_chunk`
 //!    per row when nothing decodes);
-//! 4. runs the step (`step::run`: one forward, each row's chain, one
+//! 5. runs the step (`step::run`: one forward, each row's chain, one
 //!    evaluation);
-//! 5. hands every chosen token to its row and retires rows that finished,
+//! 6. hands every chosen token to its row and retires rows that finished,
 //!    stopped or failed; finished rows' KV goes to the prompt cache.
 //!
 //! The shape follows vLLM v1's scheduler (`v1/core/sched/interface.py`:
@@ -172,6 +176,17 @@ pub struct SchedulerStats {
     pub decode_tokens: u64,
     /// Mean over steps of rows in the forward / `max_batch`.
     pub batch_occupancy: f64,
+    /// Rows paused to free memory (`--memory-budget`), all steps.
+    pub preemptions: u64,
+    /// Rows paused now, waiting to resume.
+    pub preempted: usize,
+    /// `--memory-budget` in effect, bytes (`null`: no admission check).
+    pub memory_budget_bytes: Option<u64>,
+    /// Bytes the running rows reserve now (KV and prefill activations).
+    pub reserved_bytes: u64,
+    /// KV bytes per position of a row, all layers (0 before the first
+    /// admission under a budget).
+    pub kv_bytes_per_token: u64,
     /// Step timing per number of rows in the step, ascending.
     pub by_batch_size: Vec<BatchSizeStats>,
 }
@@ -209,6 +224,10 @@ pub struct Scheduler<'s> {
     shape: Option<RowShape>,
     waiting: VecDeque<Pending<'s>>,
     running: Vec<Sequence<'s>>,
+    /// Rows paused to free memory, oldest (lowest id) first; they resume
+    /// before any waiting request is admitted.
+    preempted: VecDeque<Sequence<'s>>,
+    preemptions: u64,
     next_id: u64,
     steps: u64,
     occupancy_sum: f64,
@@ -235,6 +254,8 @@ impl<'s> Scheduler<'s> {
             shape: None,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            preempted: VecDeque::new(),
+            preemptions: 0,
             next_id: 0,
             steps: 0,
             occupancy_sum: 0.0,
@@ -252,7 +273,7 @@ impl<'s> Scheduler<'s> {
 
     /// Nothing waiting and nothing running.
     pub fn is_idle(&self) -> bool {
-        self.waiting.is_empty() && self.running.is_empty()
+        self.waiting.is_empty() && self.running.is_empty() && self.preempted.is_empty()
     }
 
     /// Rows running now.
@@ -260,9 +281,9 @@ impl<'s> Scheduler<'s> {
         self.running.len()
     }
 
-    /// Requests waiting for a slot.
+    /// Requests waiting for a slot (preempted rows included).
     pub fn waiting(&self) -> usize {
-        self.waiting.len()
+        self.waiting.len() + self.preempted.len()
     }
 
     /// The memory budget in effect, bytes (`None`: no admission check).
@@ -285,6 +306,7 @@ impl<'s> Scheduler<'s> {
     ) -> StepReport {
         let mut report = StepReport::default();
         report.retired += self.retire_cancelled(model, caches.as_deref_mut());
+        report.retired += self.grow_reservations(model, caches.as_deref_mut());
         self.admit(model, caches.as_deref_mut());
         if self.running.is_empty() {
             return report;
@@ -360,7 +382,7 @@ impl<'s> Scheduler<'s> {
             p.sink
                 .finished(Err(GenerateError::Internal(message.to_string())));
         }
-        for mut s in self.running.drain(..) {
+        for mut s in self.running.drain(..).chain(self.preempted.drain(..)) {
             s.sink
                 .finished(Err(GenerateError::Internal(message.to_string())));
         }
@@ -374,6 +396,7 @@ impl<'s> Scheduler<'s> {
         self.prefill_tokens = 0;
         self.decode_tokens = 0;
         self.last_prefill = 0;
+        self.preemptions = 0;
         self.by_size.clear();
     }
 
@@ -382,7 +405,12 @@ impl<'s> Scheduler<'s> {
         SchedulerStats {
             max_batch: self.config.max_batch,
             running: self.running.len(),
-            waiting: self.waiting.len(),
+            waiting: self.waiting.len() + self.preempted.len(),
+            preemptions: self.preemptions,
+            preempted: self.preempted.len(),
+            memory_budget_bytes: self.budget,
+            reserved_bytes: self.running.iter().map(|s| s.reserved_bytes).sum(),
+            kv_bytes_per_token: self.shape.as_ref().map_or(0, |s| s.kv_bytes(1)),
             steps: self.steps,
             prefill_tokens_last_step: self.last_prefill,
             prefill_tokens: self.prefill_tokens,
@@ -466,6 +494,22 @@ impl<'s> Scheduler<'s> {
             }
         }
         let mut i = 0;
+        while i < self.preempted.len() {
+            if self.preempted[i].sink.cancelled() {
+                if let Some(seq) = self.preempted.remove(i) {
+                    finish(
+                        seq,
+                        Ok(FinishReason::Cancelled),
+                        model,
+                        caches.as_deref_mut(),
+                    );
+                }
+                n += 1;
+            } else {
+                i += 1;
+            }
+        }
+        let mut i = 0;
         while i < self.running.len() {
             if self.running[i].sink.cancelled() {
                 let seq = self.running.remove(i);
@@ -483,17 +527,125 @@ impl<'s> Scheduler<'s> {
         n
     }
 
-    /// Moves waiting requests into the batch while it has room and, under
-    /// a memory budget, while their reservations fit beside the running
-    /// rows' (the first that does not waits, keeping arrival order; one
-    /// that could never fit fails with [`GenerateError::OverMemoryBudget`]).
+    /// Under a memory budget: sets every running row's reservation to
+    /// cover what it holds after this step (grown in whole
+    /// [`admission::KV_GROWTH_TOKENS`]), then, while the total is over the
+    /// budget, preempts the youngest row (its KV goes to the prompt cache;
+    /// it resumes later). A row over the budget on its own finishes with
+    /// `length`, as at the end of the context. Returns the rows retired.
+    fn grow_reservations(
+        &mut self,
+        model: &LoadedModel,
+        mut caches: Option<&mut PrefixCache>,
+    ) -> usize {
+        let Some(budget) = self.budget else {
+            return 0;
+        };
+        let shape = self.shape.get_or_insert_with(|| row_shape(model)).clone();
+        let chunk = self.config.prefill_chunk;
+        let reserve = |seq: &mut Sequence<'_>, tokens: usize| {
+            seq.reserved_tokens = tokens;
+            let prefilling = (seq.phase() == Phase::Prefill).then(|| seq.positions_after_feed());
+            seq.reserved_bytes = shape.reservation_bytes(tokens, prefilling, chunk);
+        };
+        // After this step a row holds its whole history; a lookahead may
+        // feed one more.
+        let needed = |seq: &Sequence<'_>| seq.positions_after_feed() + 1;
+        let mut grew = Vec::new();
+        for (i, seq) in self.running.iter_mut().enumerate() {
+            let need = needed(seq);
+            let tokens = if need > seq.reserved_tokens {
+                grew.push(i);
+                admission::grown_tokens(need, seq.final_positions() + 1)
+            } else {
+                seq.reserved_tokens
+            };
+            reserve(seq, tokens);
+        }
+        // Short of a whole growth step, rows that grew take only what they
+        // need before anyone is preempted.
+        let total = |rows: &[Sequence<'_>]| rows.iter().map(|s| s.reserved_bytes).sum::<u64>();
+        if total(&self.running) > budget {
+            for i in grew {
+                let seq = &mut self.running[i];
+                reserve(seq, needed(seq));
+            }
+        }
+        loop {
+            if total(&self.running) <= budget || self.running.is_empty() {
+                return 0;
+            }
+            if self.running.len() == 1 {
+                let seq = self.running.remove(0);
+                tracing::warn!(
+                    row = seq.id,
+                    positions = seq.positions_after_feed(),
+                    budget = %admission::gib(budget),
+                    "a row alone outgrew the memory budget (--memory-budget): it finishes with length"
+                );
+                finish(seq, Ok(FinishReason::Length), model, caches.as_deref_mut());
+                return 1;
+            }
+            // The youngest row that has no lookahead in flight, else the
+            // youngest (vLLM preempts the lowest-priority, latest request).
+            let victim = self
+                .running
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.preemptible())
+                .max_by_key(|(_, s)| s.id)
+                .or_else(|| self.running.iter().enumerate().max_by_key(|(_, s)| s.id))
+                .map(|(i, _)| i)
+                .unwrap_or(0);
+            let mut seq = self.running.remove(victim);
+            let (tokens, kv) = seq.preempt();
+            tracing::info!(
+                row = seq.id,
+                positions = tokens.len(),
+                budget = %admission::gib(budget),
+                "preempted a row to stay within the memory budget; it resumes when memory frees"
+            );
+            if let Some(c) = caches.as_deref_mut() {
+                c.insert(&kv_namespace(model), tokens, kv);
+            }
+            self.preemptions += 1;
+            let at = self.preempted.partition_point(|p| p.id < seq.id);
+            self.preempted.insert(at, seq);
+        }
+    }
+
+    /// Resumes preempted rows while their reservations fit (oldest first),
+    /// then moves waiting requests into the batch while it has room and,
+    /// under a memory budget, while their reservations fit beside the
+    /// running rows' (the first that does not waits, keeping arrival order;
+    /// one that could never fit fails with
+    /// [`GenerateError::OverMemoryBudget`]).
     fn admit(&mut self, model: &LoadedModel, mut caches: Option<&mut PrefixCache>) {
         while self.running.len() < self.config.max_batch {
+            if let Some(seq) = self.preempted.front() {
+                let (history, final_positions) =
+                    (seq.positions_after_feed(), seq.final_positions());
+                let reserve = self.resume_reservation(model, history, final_positions);
+                let Some((bytes, tokens)) = reserve else {
+                    return;
+                };
+                let Some(mut seq) = self.preempted.pop_front() else {
+                    return;
+                };
+                if let Err(e) = resume_one(&mut seq, model, caches.as_deref_mut()) {
+                    seq.sink.finished(Err(e));
+                    continue;
+                }
+                seq.reserved_bytes = bytes;
+                seq.reserved_tokens = tokens;
+                self.running.push(seq);
+                continue;
+            }
             let Some(mut pending) = self.waiting.pop_front() else {
                 return;
             };
-            let reserve = match self.reservation(model, &pending.request) {
-                Reservation::Fits(bytes) => bytes,
+            let (reserve, reserve_tokens) = match self.reservation(model, &pending.request) {
+                Reservation::Fits(bytes, tokens) => (bytes, tokens),
                 Reservation::Wait => {
                     self.waiting.push_front(pending);
                     return;
@@ -509,36 +661,64 @@ impl<'s> Scheduler<'s> {
             self.next_id += 1;
             if let Some(mut seq) = admit_one(id, pending, model, caches.as_deref_mut()) {
                 seq.reserved_bytes = reserve;
+                seq.reserved_tokens = reserve_tokens;
                 self.running.push(seq);
             }
         }
     }
 
-    /// Whether `request` fits the memory budget now, later or never.
+    /// Whether `request` fits the memory budget now, later or never: its
+    /// prompt's KV and a first growth step, plus its largest prefill chunk
+    /// (not its whole `max_tokens`: the reservation grows as it decodes).
     fn reservation(&mut self, model: &LoadedModel, request: &GenerateRequest) -> Reservation {
         let Some(budget) = self.budget else {
-            return Reservation::Fits(0);
+            return Reservation::Fits(0, 0);
         };
         let shape = self.shape.get_or_insert_with(|| row_shape(model));
         let context = model.model.config().max_position_embeddings;
         let prompt = request.prompt_ids.len();
         let max_new = request.max_tokens.min(context.saturating_sub(prompt));
-        let need = shape.row_bytes(prompt, max_new, self.config.prefill_chunk);
+        let tokens = admission::grown_tokens(prompt + 1, prompt + max_new + 1);
+        let need = shape.reservation_bytes(tokens, Some(prompt), self.config.prefill_chunk);
         if need > budget {
             return Reservation::Never(format!(
-                "this request needs about {} for its KV cache and activations ({prompt} prompt \
-                 tokens + up to {max_new} generated), over the server's memory budget of {} \
-                 (--memory-budget): lower the request's token limit or shorten the prompt",
+                "this request needs about {} for its prompt's KV cache and activations ({prompt} \
+                 prompt tokens), over the server's memory budget of {} (--memory-budget): \
+                 shorten the prompt",
                 admission::gib(need),
                 admission::gib(budget)
             ));
         }
-        let reserved: u64 = self.running.iter().map(|s| s.reserved_bytes).sum();
-        if !self.running.is_empty() && reserved + need > budget {
-            Reservation::Wait
+        if self.fits_beside_running(need, budget) {
+            Reservation::Fits(need, tokens)
         } else {
-            Reservation::Fits(need)
+            Reservation::Wait
         }
+    }
+
+    /// Whether `need` more bytes fit beside the running rows' reservations
+    /// (always, into an empty batch).
+    fn fits_beside_running(&self, need: u64, budget: u64) -> bool {
+        let reserved: u64 = self.running.iter().map(|s| s.reserved_bytes).sum();
+        self.running.is_empty() || reserved + need <= budget
+    }
+
+    /// The reservation (bytes, positions) a preempted row resumes with,
+    /// or `None` while it does not fit beside the running rows.
+    fn resume_reservation(
+        &mut self,
+        model: &LoadedModel,
+        history: usize,
+        final_positions: usize,
+    ) -> Option<(u64, usize)> {
+        let Some(budget) = self.budget else {
+            return Some((0, 0));
+        };
+        let shape = self.shape.get_or_insert_with(|| row_shape(model));
+        let tokens = admission::grown_tokens(history + 1, final_positions + 1);
+        let need = shape.reservation_bytes(tokens, Some(history), self.config.prefill_chunk);
+        self.fits_beside_running(need, budget)
+            .then_some((need, tokens))
     }
 
     /// Tokens each running row feeds this step (see the module doc).
@@ -565,8 +745,8 @@ impl<'s> Scheduler<'s> {
 
 /// Whether a request fits the memory budget.
 enum Reservation {
-    /// Now, reserving this many bytes.
-    Fits(u64),
+    /// Now, reserving this many bytes for this many KV positions.
+    Fits(u64, usize),
     /// Once running rows retire.
     Wait,
     /// Never (the message says why).
@@ -656,6 +836,33 @@ fn admit_one<'s>(
         cache,
         cached,
     ))
+}
+
+/// Gives a preempted row its KV back: the longest cached prefix of its
+/// history (its own KV, inserted when it was preempted, unless evicted
+/// since), the rest re-fed as prefill.
+fn resume_one(
+    seq: &mut Sequence<'_>,
+    model: &LoadedModel,
+    caches: Option<&mut PrefixCache>,
+) -> Result<(), GenerateError> {
+    let namespace = kv_namespace(model);
+    let reuse = caches.and_then(|c| c.lookup(&namespace, seq.history()));
+    let (mut cache, reused) = match reuse {
+        Some(r) => (r.kv, r.reused),
+        None => (model.model.new_cache(), 0),
+    };
+    if reused > 0 && crate::model::decode_attention::enabled() {
+        cache.make_exclusive()?;
+    }
+    tracing::info!(
+        row = seq.id,
+        reused,
+        history = seq.history().len(),
+        "resumed a preempted row"
+    );
+    seq.resume(cache, reused);
+    Ok(())
 }
 
 /// Retires a sequence: flushes its held-back text, stores its KV in the

@@ -69,8 +69,17 @@ pub struct Sequence<'s> {
     admitted: Instant,
     prefill_done: Option<Instant>,
     /// Bytes the scheduler reserved for this row under `--memory-budget`
-    /// (its largest KV plus prefill activations; 0 when no budget).
+    /// (KV for `reserved_tokens` positions, plus prefill activations while
+    /// it prefills; 0 when no budget).
     pub(crate) reserved_bytes: u64,
+    /// Positions of KV the reservation covers; the scheduler grows it as
+    /// the row decodes (see `engine::admission`).
+    pub(crate) reserved_tokens: usize,
+    /// After a preemption, the row re-feeds its whole history up to here
+    /// (prompt and generated ids) before it decodes again; 0 otherwise.
+    refill_end: usize,
+    /// Times the scheduler paused this row to free memory.
+    pub(crate) preemptions: u32,
     /// The row's next token, already being computed by a decode lookahead
     /// step (see `engine::step`); the next step reads it instead of
     /// feeding anything.
@@ -143,6 +152,9 @@ impl<'s> Sequence<'s> {
             admitted: Instant::now(),
             prefill_done: None,
             reserved_bytes: 0,
+            reserved_tokens: 0,
+            refill_end: 0,
+            preemptions: 0,
             lookahead: None,
             fed_ahead: false,
             deferred: None,
@@ -151,13 +163,67 @@ impl<'s> Sequence<'s> {
         }
     }
 
-    /// Prefill while prompt tokens remain unfed, then decode.
+    /// Prefill while prompt tokens (or, after a preemption, history) remain
+    /// unfed, then decode.
     pub fn phase(&self) -> Phase {
-        if self.fed < self.prompt_len {
+        if self.fed < self.prefill_end() {
             Phase::Prefill
         } else {
             Phase::Decode
         }
+    }
+
+    /// Where prefill ends: the prompt's end, or after a preemption the end
+    /// of the history it re-feeds.
+    fn prefill_end(&self) -> usize {
+        self.prompt_len.max(self.refill_end)
+    }
+
+    /// The positions this row holds in KV once its unfed ids are fed.
+    pub(crate) fn positions_after_feed(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// The most positions this row can ever hold (prompt plus `max_new`).
+    pub(crate) fn final_positions(&self) -> usize {
+        self.prompt_len + self.max_new
+    }
+
+    /// Whether the row can be paused now without losing work a step has
+    /// in flight for it (a lookahead token being chosen).
+    pub(crate) fn preemptible(&self) -> bool {
+        self.lookahead.is_none()
+    }
+
+    /// Pauses the row to free its memory: returns the ids its KV holds and
+    /// the KV (for the prompt cache, so resuming is mostly a cache hit);
+    /// the row keeps its chain, output state and sink, and re-feeds its
+    /// whole history when resumed ([`Sequence::resume`]).
+    pub(crate) fn preempt(&mut self) -> (Vec<u32>, KvCache) {
+        self.settle_cache();
+        // Deferred logits are recomputed by the refill's last position.
+        self.deferred = None;
+        let tokens = self.fed_ids().to_vec();
+        let kv = std::mem::replace(&mut self.cache, KvCache::new(0));
+        self.fed = 0;
+        self.refill_end = self.ids.len();
+        self.preemptions += 1;
+        self.reserved_bytes = 0;
+        self.reserved_tokens = 0;
+        (tokens, kv)
+    }
+
+    /// Resumes a preempted row with `cache` holding its first `reused`
+    /// ids (`reused < ids.len()`; an empty cache and 0 on a miss).
+    pub(crate) fn resume(&mut self, cache: KvCache, reused: usize) {
+        self.cache = cache;
+        self.fed = reused.min(self.ids.len().saturating_sub(1));
+    }
+
+    /// The row's whole history (prompt and generated ids, the last one not
+    /// yet fed while decoding).
+    pub(crate) fn history(&self) -> &[u32] {
+        &self.ids
     }
 
     /// Ids not yet in the KV cache (what the next step may feed).
@@ -165,9 +231,9 @@ impl<'s> Sequence<'s> {
         &self.ids[self.fed..]
     }
 
-    /// Prompt tokens still to prefill.
+    /// Prompt tokens (or, after a preemption, history) still to prefill.
     pub fn prefill_left(&self) -> usize {
-        self.prompt_len.saturating_sub(self.fed)
+        self.prefill_end().saturating_sub(self.fed)
     }
 
     /// Records that `n` more positions were fed (the step's forward ran).

@@ -85,7 +85,9 @@ fn generation_request(g: old::GenerationRequest) -> req::GenerationRequest {
             logit_bias: s.logit_bias,
         },
         max_tokens: g.max_tokens,
-        clamp_max_tokens: false,
+        // Every dialect treats an over-large max_tokens as an upper bound
+        // (`--strict-max-tokens` rejects it instead).
+        clamp_max_tokens: true,
         stop: g.stop,
         stream: g.stream,
         logprobs: g.logprobs,

@@ -434,6 +434,13 @@ pub async fn dispatch(
         Ok(p) => p,
         Err(e) => return response(call.render_error(&busy(e))),
     };
+    let mut headers = headers;
+    if app.defaults.keep_prompt_metadata {
+        headers.push((
+            super::request::KEEP_METADATA_HEADER.to_string(),
+            "true".to_string(),
+        ));
+    }
     let http_req = HttpRequest {
         method,
         path,
@@ -1069,10 +1076,9 @@ fn generate_error(e: &GenerateError) -> ApiError {
         GenerateError::Internal(m) => {
             api_error(500, ErrorKind::Server, format!("internal error: {m}"))
         }
-        GenerateError::OverMemoryBudget(m) => ApiError {
-            param: Some("max_tokens".into()),
-            ..api_error(400, ErrorKind::InvalidRequest, m.clone())
-        },
+        // The prompt is what does not fit (its field's name is the
+        // dialect's: `messages`, `prompt`, `input`); the message says so.
+        GenerateError::OverMemoryBudget(m) => api_error(400, ErrorKind::InvalidRequest, m.clone()),
         GenerateError::Unavailable(m) => api_error(503, ErrorKind::Server, m.clone()),
     }
 }

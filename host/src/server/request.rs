@@ -43,7 +43,18 @@ pub struct Defaults {
     /// the model's context. Checked before tokenizing, which costs about
     /// 85 bytes of memory per character (measured on a 31.5 MB prompt).
     pub max_prompt_chars: usize,
+    /// `--strict-max-tokens`: a `max_tokens` over the room the prompt
+    /// leaves is a 400 even where the adapter asks for it to be clamped.
+    pub strict_max_tokens: bool,
+    /// `--keep-prompt-metadata`: adapters keep client metadata verbatim
+    /// (the host sets [`KEEP_METADATA_HEADER`] on every request).
+    pub keep_prompt_metadata: bool,
 }
+
+/// The request header that tells an adapter to keep client metadata in the
+/// prompt (`true`); set by the host under `--keep-prompt-metadata`, or by a
+/// client for its own requests.
+pub const KEEP_METADATA_HEADER: &str = "x-mlxhost-keep-metadata";
 
 /// The default prompt-character bound per token of context: a prompt of
 /// more characters than this per context token cannot fit the context
@@ -379,12 +390,17 @@ pub fn prepare(
     }
     let room = context - prompt_ids.len();
     let max_tokens = match g.max_tokens {
-        Some(n) if n as usize > room && !g.clamp_max_tokens => {
+        Some(n) if n as usize > room && (defaults.strict_max_tokens || !g.clamp_max_tokens) => {
             return Err(bad(
                 Some("max_tokens"),
                 format!(
-                    "max_tokens is {n}, but the prompt is {} tokens and the context {context}: at most {room} can be generated",
-                    prompt_ids.len()
+                    "max_tokens is {n}, but the prompt is {} tokens and the context {context}: at most {room} can be generated{}",
+                    prompt_ids.len(),
+                    if defaults.strict_max_tokens {
+                        " (the server runs with --strict-max-tokens)"
+                    } else {
+                        ""
+                    }
                 ),
             ))
         }

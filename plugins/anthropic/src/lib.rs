@@ -44,6 +44,20 @@ fn error_response(ctx: &RequestContext, e: &ApiError) -> HttpResponse {
 
 struct Adapter;
 
+/// The request's prompt normalisation: client metadata is dropped unless the
+/// `x-mlxhost-keep-metadata` header is `true` or `1` (the host sets it on
+/// every request under `serve --keep-prompt-metadata`; a client may send it
+/// for its own requests).
+fn normalize(headers: &[(String, String)]) -> request::Normalize {
+    let keep_metadata = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case(KEEP_METADATA) && matches!(v.trim(), "true" | "1"));
+    request::Normalize { keep_metadata }
+}
+
+/// The header that keeps client metadata in the prompt.
+const KEEP_METADATA: &str = "x-mlxhost-keep-metadata";
+
 impl api::Guest for Adapter {
     fn routes() -> Vec<Route> {
         [MESSAGES, COUNT_TOKENS]
@@ -57,9 +71,10 @@ impl api::Guest for Adapter {
 
     fn handle(ctx: RequestContext, req: HttpRequest) -> Action {
         // Headers (`x-api-key`, `authorization`, `anthropic-version`,
-        // `anthropic-beta`) are accepted and not read: the host has no auth.
+        // `anthropic-beta`) are accepted and not read: the host checks keys.
+        let norm = normalize(&req.headers);
         match (req.method.as_str(), req.path.as_str()) {
-            ("POST", MESSAGES) => match request::parse(&req.body) {
+            ("POST", MESSAGES) => match request::parse(&req.body, norm) {
                 Ok(generation) => {
                     STREAM.with(|s| *s.borrow_mut() = render::Stream::default());
                     Action::Generate(generation)
@@ -77,7 +92,7 @@ impl api::Guest for Adapter {
             // The host counts: the same chat template and tokenizer a
             // generation uses (WIT `prompt.count-tokens`).
             ("POST", COUNT_TOKENS) => {
-                let counted = request::parse_count(&req.body)
+                let counted = request::parse_count(&req.body, norm)
                     .map_err(|invalid| (invalid.message, invalid.param))
                     .and_then(|g| prompt::count_tokens(&g).map_err(|m| (m, None)));
                 Action::Respond(match counted {

@@ -63,18 +63,39 @@ fn body_error(why: impl Into<String>) -> Invalid {
     }
 }
 
+/// How the request's text reaches the prompt.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Normalize {
+    /// Keep client metadata blocks in `system` verbatim (the host's
+    /// `--keep-prompt-metadata`, or the request's `x-mlxhost-keep-metadata:
+    /// true` header); by default they are dropped (see [`is_client_metadata`]).
+    pub keep_metadata: bool,
+}
+
 /// Parses and validates a `/v1/messages` body.
-pub fn parse(body: &[u8]) -> Result<GenerationRequest, Invalid> {
-    parse_body(body, false)
+pub fn parse(body: &[u8], norm: Normalize) -> Result<GenerationRequest, Invalid> {
+    parse_body(body, false, norm)
 }
 
 /// Parses and validates a `/v1/messages/count_tokens` body: the same
 /// fields, with `max_tokens` optional (Anthropic's count_tokens takes none).
-pub fn parse_count(body: &[u8]) -> Result<GenerationRequest, Invalid> {
-    parse_body(body, true)
+pub fn parse_count(body: &[u8], norm: Normalize) -> Result<GenerationRequest, Invalid> {
+    parse_body(body, true, norm)
 }
 
-fn parse_body(body: &[u8], counting: bool) -> Result<GenerationRequest, Invalid> {
+/// Whether a `system` text block is client metadata rather than an
+/// instruction to the model: Claude Code's attribution block
+/// `x-anthropic-billing-header: cc_version=2.1.197.3af; cc_entrypoint=sdk-cli;`.
+/// Its 3-hex suffix changes with every session and it comes first, so kept
+/// in the prompt it defeats prefix reuse of everything after it (the whole
+/// ~19k-token system prompt) across sessions, subagents and side requests.
+/// Anthropic's API strips it server-side before the model sees it.
+pub fn is_client_metadata(text: &str) -> bool {
+    let t = text.trim();
+    t.starts_with("x-anthropic-billing-header:") && !t.contains('\n')
+}
+
+fn parse_body(body: &[u8], counting: bool, norm: Normalize) -> Result<GenerationRequest, Invalid> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| body_error(format!("the request body is not valid JSON: {e}")))?;
     let obj = value
@@ -91,7 +112,7 @@ fn parse_body(body: &[u8], counting: bool) -> Result<GenerationRequest, Invalid>
             n => n,
         },
     };
-    let mut messages = parse_system(obj.get("system"))?;
+    let mut messages = parse_system(obj.get("system"), norm)?;
     messages.extend(parse_messages(obj.get("messages"))?);
     let stream = f.bool("stream")?.unwrap_or(false);
     let sampling = SamplingRequest {
@@ -331,12 +352,16 @@ fn text_blocks(value: &Value, at: &str, role: &str) -> Result<Vec<ContentPart>, 
     }
 }
 
-/// `system`: a string or `[{"type": "text", "text"}]` -> the first message.
-fn parse_system(value: Option<&Value>) -> Result<Vec<Message>, Invalid> {
-    let parts = match value {
+/// `system`: a string or `[{"type": "text", "text"}]` -> the first message,
+/// less client metadata blocks unless `norm.keep_metadata`.
+fn parse_system(value: Option<&Value>, norm: Normalize) -> Result<Vec<Message>, Invalid> {
+    let mut parts = match value {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(v) => text_blocks(v, "system", "system")?,
     };
+    if !norm.keep_metadata {
+        parts.retain(|p| !matches!(p, ContentPart::Text(t) if is_client_metadata(t)));
+    }
     let empty = parts
         .iter()
         .all(|p| matches!(p, ContentPart::Text(t) if t.is_empty()));

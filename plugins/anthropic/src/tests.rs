@@ -21,14 +21,14 @@ use crate::render;
 use crate::request;
 
 fn parse(body: Value) -> GenerationRequest {
-    match request::parse(body.to_string().as_bytes()) {
+    match request::parse(body.to_string().as_bytes(), request::Normalize::default()) {
         Ok(r) => r,
         Err(e) => panic!("rejected: {e:?}\nbody: {body}"),
     }
 }
 
 fn rejected(body: Value) -> request::Invalid {
-    match request::parse(body.to_string().as_bytes()) {
+    match request::parse(body.to_string().as_bytes(), request::Normalize::default()) {
         Ok(_) => panic!("accepted: {body}"),
         Err(e) => e,
     }
@@ -212,6 +212,41 @@ fn tool_names_up_to_128_of_anthropics_characters_are_accepted() {
         names,
         ["mcp__files__read_file", "Get-Time_2", long.as_str()]
     );
+}
+
+#[test]
+fn claude_codes_billing_block_is_dropped_unless_kept() {
+    // Two sessions of Claude Code differ only in the block's suffix: the
+    // rendered system message must be the same for both.
+    let system = |suffix: &str, keep: bool| {
+        let b = body(json!({"system": [
+            {"type": "text", "text": format!("x-anthropic-billing-header: cc_version=2.1.197.{suffix}; cc_entrypoint=sdk-cli;")},
+            {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+        ]}));
+        let norm = request::Normalize {
+            keep_metadata: keep,
+        };
+        match request::parse(b.to_string().as_bytes(), norm) {
+            Ok(r) => text(&messages(&r)[0]),
+            Err(e) => panic!("rejected: {e:?}"),
+        }
+    };
+    assert_eq!(system("3af", false), "You are Claude Code.");
+    assert_eq!(system("3af", false), system("b1a", false));
+    assert_eq!(
+        system("3af", true),
+        "x-anthropic-billing-header: cc_version=2.1.197.3af; cc_entrypoint=sdk-cli;You are Claude Code."
+    );
+    // Only a whole block is metadata: text that mentions it stays.
+    let r = parse(body(
+        json!({"system": "x-anthropic-billing-header: a\nBe brief."}),
+    ));
+    assert!(text(&messages(&r)[0]).starts_with("x-anthropic-billing-header"));
+    // A system of nothing but the block leaves no system message.
+    let r = parse(body(json!({"system": [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=1; cc_entrypoint=cli;"}
+    ]})));
+    assert_eq!(messages(&r)[0].role, "user");
 }
 
 #[test]
@@ -610,7 +645,7 @@ fn each_rejection_names_its_param() {
     assert!(e.message.contains("`document`"), "{}", e.message);
     // Not JSON, not an object: no param.
     for bad in [&b"{"[..], b"[1]"] {
-        let e = request::parse(bad).unwrap_err();
+        let e = request::parse(bad, request::Normalize::default()).unwrap_err();
         assert!(e.param.is_none(), "{e:?}");
     }
 }
@@ -705,13 +740,15 @@ fn routes_and_direct_responses() {
         json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
             .to_string()
             .as_bytes(),
+        request::Normalize::default(),
     )
     .unwrap();
     assert_eq!(counted.max_tokens, None);
     assert!(crate::request::parse(
         json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
             .to_string()
-            .as_bytes()
+            .as_bytes(),
+        request::Normalize::default(),
     )
     .is_err());
 

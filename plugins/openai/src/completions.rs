@@ -119,7 +119,10 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
             prompt,
             sampling,
             max_tokens: Some(max_tokens),
-            clamp_max_tokens: false,
+            // An upper bound, as llama.cpp's server and our other dialects
+            // treat it (opencode sends 32000 whatever the context); the
+            // host's `--strict-max-tokens` restores OpenAI's 400.
+            clamp_max_tokens: true,
             stop,
             stream,
             logprobs,
