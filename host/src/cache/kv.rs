@@ -371,6 +371,23 @@ impl KvCache {
         Ok(())
     }
 
+    /// Copies the valid positions into buffers of exactly that many
+    /// positions, evaluated now: a cache truncated from a longer one (a
+    /// shared prefix kept by the prompt cache) then holds only its own
+    /// positions instead of pinning the longer allocation.
+    pub fn compact(&mut self) -> Result<()> {
+        self.detach();
+        let offset = self.offset;
+        for slot in &mut self.layers {
+            let valid = offset.saturating_sub(slot.start) as i32;
+            for buf in [&mut slot.keys, &mut slot.values].into_iter().flatten() {
+                *buf = fresh_copy(&buf.index((.., .., ..valid, ..)))?;
+            }
+        }
+        mlx_rs::transforms::eval(self.arrays())?;
+        Ok(())
+    }
+
     /// Puts back `layer`'s buffers taken with [`KvCache::take_layer`].
     pub fn put_layer(&mut self, layer: usize, keys: Array, values: Array) {
         self.detach();

@@ -34,6 +34,9 @@ pub struct PromptCacheStats {
     pub max_bytes: usize,
     /// Entries evicted to stay under the cap.
     pub evictions: u64,
+    /// Shared-prefix entries made where a new entry branched off an
+    /// existing one (see [`BRANCH_MIN_TOKENS`]).
+    pub branches: u64,
 }
 
 struct Entry {
@@ -44,6 +47,9 @@ struct Entry {
     last_used: u64,
     /// Already handed to the SSD tier (no need to snapshot it again).
     persisted: bool,
+    /// A shared prefix kept where entries branch (never replaced by an
+    /// entry that extends it; see [`BRANCH_MIN_TOKENS`]).
+    branch: bool,
 }
 
 /// An entry leaving RAM (eviction) or to be written (snapshot): its
@@ -74,7 +80,29 @@ pub struct Reuse {
     pub kv: KvCache,
     /// Prompt tokens covered.
     pub reused: usize,
+    /// Where the KV came from.
+    pub source: ReuseSource,
 }
+
+/// Where a request's reused prefix came from (`GET /stats`, per request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReuseSource {
+    /// Nothing was reused.
+    None,
+    /// The RAM prompt cache.
+    Ram,
+    /// The SSD tier.
+    Ssd,
+    /// A row still running (its prompt was being prefilled or decoded
+    /// beside this one).
+    RunningRow,
+}
+
+/// The shortest shared prefix kept as an entry of its own when a new entry
+/// branches off an existing one (a common system prompt under several
+/// conversations): shorter ones cost a copy for little prefill.
+pub const BRANCH_MIN_TOKENS: usize = 256;
 
 impl PromptCache {
     /// An empty cache holding at most `max_bytes` (0 disables it).
@@ -180,7 +208,22 @@ impl PromptCache {
                 kv.truncate(reused);
                 self.stats.hits += 1;
                 self.stats.tokens_reused += reused as u64;
-                Some(Reuse { kv, reused })
+                // Every entry the prompt extends was used whole: a shared
+                // system prompt's entry stays recent while conversations
+                // under it come and go.
+                let clock = self.clock;
+                for e in self.entries.iter_mut().filter(|e| {
+                    e.namespace == namespace
+                        && e.tokens.len() <= reused
+                        && prompt.starts_with(&e.tokens)
+                }) {
+                    e.last_used = clock;
+                }
+                Some(Reuse {
+                    kv,
+                    reused,
+                    source: ReuseSource::Ram,
+                })
             }
             None => {
                 self.stats.misses += 1;
@@ -215,14 +258,35 @@ impl PromptCache {
             });
         }
         self.clock += 1;
+        let branch = self.branch_point(namespace, &tokens, &kv);
         // A sliding-window entry covers a shorter one only if it can still
         // be trimmed back to it.
         self.entries.retain(|e| {
-            !(e.namespace == namespace
-                && e.tokens.len() <= tokens.len()
-                && tokens[..e.tokens.len()] == e.tokens[..]
-                && kv.reusable(e.tokens.len()) == e.tokens.len())
+            (e.branch && e.tokens.len() < tokens.len())
+                || !(e.namespace == namespace
+                    && e.tokens.len() <= tokens.len()
+                    && tokens[..e.tokens.len()] == e.tokens[..]
+                    && kv.reusable(e.tokens.len()) == e.tokens.len())
         });
+        if let Some(shared) = branch {
+            // The shared prefix as an entry of its own, in compact buffers
+            // (a view would pin the whole conversation's allocation).
+            let mut prefix = kv.clone();
+            prefix.truncate(shared);
+            if prefix.compact().is_ok() && prefix.offset() == shared {
+                let bytes = prefix.nbytes();
+                self.entries.push(Entry {
+                    namespace: namespace.to_string(),
+                    tokens: tokens[..shared].to_vec(),
+                    kv: prefix,
+                    bytes,
+                    last_used: self.clock,
+                    persisted: false,
+                    branch: true,
+                });
+                self.stats.branches += 1;
+            }
+        }
         self.entries.push(Entry {
             namespace: namespace.to_string(),
             tokens,
@@ -230,9 +294,13 @@ impl PromptCache {
             bytes,
             last_used: self.clock,
             persisted: false,
+            branch: false,
         });
         while self.bytes() > self.max_bytes {
-            let Some(e) = super::take_least_recent(&mut self.entries, |e| e.last_used) else {
+            // On a tie a shared prefix outlives the conversations under it
+            // (a lookup touches both).
+            let Some(e) = super::take_least_recent(&mut self.entries, |e| (e.last_used, e.branch))
+            else {
                 break;
             };
             self.stats.evictions += 1;
@@ -247,6 +315,22 @@ impl PromptCache {
             }
         }
         None
+    }
+
+    /// Where `tokens` branches off an entry it does not extend: the longest
+    /// prefix it shares with one (at least [`BRANCH_MIN_TOKENS`], usable by
+    /// `kv`), when no entry holds exactly that prefix already.
+    fn branch_point(&self, namespace: &str, tokens: &[u32], kv: &KvCache) -> Option<usize> {
+        let same = || self.entries.iter().filter(|e| e.namespace == namespace);
+        let shared = same()
+            .map(|e| common_prefix(&e.tokens, tokens))
+            .filter(|&n| n < tokens.len())
+            .filter(|&n| same().all(|e| e.tokens.len() != n || tokens[..n] != e.tokens[..]))
+            .filter(|&n| {
+                same().any(|e| e.tokens.len() > n && common_prefix(&e.tokens, tokens) == n)
+            })
+            .max()?;
+        (shared >= BRANCH_MIN_TOKENS && kv.reusable(shared) == shared).then_some(shared)
     }
 
     fn bytes(&self) -> usize {
@@ -319,6 +403,44 @@ mod tests {
         // A longer conversation replaces the entry it extends.
         cache.insert("n", vec![3, 3, 3, 4], kv(4));
         assert_eq!(cache.stats().entries, 2);
+    }
+
+    #[test]
+    fn a_shared_system_prompt_outlives_the_conversations_under_it() {
+        let system: Vec<u32> = (0..BRANCH_MIN_TOKENS as u32).collect();
+        let conv = |tail: u32| {
+            let mut t = system.clone();
+            t.extend([tail; 40]);
+            t
+        };
+        let n = BRANCH_MIN_TOKENS + 40;
+        // Room for the prefix entry and one conversation (plus capacity).
+        let mut cache = PromptCache::new(kv(n).nbytes() + kv(BRANCH_MIN_TOKENS).nbytes() + 64 * 32);
+        cache.insert("n", conv(1), kv(n));
+        assert_eq!(cache.stats().branches, 0, "nothing to branch from yet");
+        // A second conversation under the same system prompt: the shared
+        // prefix becomes an entry of its own, in compact buffers.
+        cache.insert("n", conv(2), kv(n));
+        let s = cache.stats();
+        assert_eq!(s.branches, 1);
+        // A third evicts the older conversations, never the shared prefix
+        // (every lookup under it touches it).
+        assert!(cache.lookup("n", &conv(2)).is_some());
+        cache.insert("n", conv(3), kv(n));
+        let r = cache
+            .lookup("n", &conv(9))
+            .expect("the system prompt is still cached");
+        assert_eq!(r.reused, BRANCH_MIN_TOKENS);
+        // A conversation extending the prefix does not replace it.
+        cache.insert("n", conv(4), kv(n));
+        let r = cache.lookup("n", &conv(8)).expect("still cached");
+        assert_eq!(r.reused, BRANCH_MIN_TOKENS);
+        assert_eq!(cache.stats().branches, 1, "one entry for one prefix");
+        // Short shared prefixes do not branch.
+        let mut small = PromptCache::new(1 << 30);
+        small.insert("n", vec![1, 2, 3, 4], kv(4));
+        small.insert("n", vec![1, 2, 5, 6], kv(4));
+        assert_eq!(small.stats().branches, 0);
     }
 
     /// A one-layer sliding-window cache (window 4) of `n` positions, fed one

@@ -49,6 +49,14 @@ impl PrefixCache {
         self.ram.lookup(namespace, prompt)
     }
 
+    /// How many tokens of `prompt` [`PrefixCache::lookup`] would reuse
+    /// (either tier), with no side effects.
+    pub fn peek(&self, namespace: &str, prompt: &[u32]) -> usize {
+        let ram = self.ram.peek(namespace, prompt);
+        let ssd = self.ssd.as_ref().map_or(0, |s| s.peek(namespace, prompt));
+        ram.max(ssd)
+    }
+
     /// Stores a finished request's KV (exactly `tokens`' positions).
     pub fn insert(&mut self, namespace: &str, tokens: Vec<u32>, kv: KvCache) {
         if let Some(left) = self.ram.insert(namespace, tokens, kv) {

@@ -38,6 +38,7 @@ use super::request::{
 };
 use super::sequence::{Phase, Sequence, SequenceSink};
 use super::step::{self, RowOutcome, StepTiming};
+use crate::cache::prompt::{Reuse, ReuseSource};
 use crate::cache::PrefixCache;
 use crate::model::LoadedModel;
 use crate::plugin::session::{RowChain, TokenChain};
@@ -187,6 +188,11 @@ pub struct SchedulerStats {
     /// KV bytes per position of a row, all layers (0 before the first
     /// admission under a budget).
     pub kv_bytes_per_token: u64,
+    /// Prompt tokens whose KV was taken from a running row's (a shared
+    /// prefix prefilled once), all admissions.
+    pub tokens_from_running_rows: u64,
+    /// The last 32 admissions' prompt reuse, oldest first.
+    pub recent: Vec<RecentRequest>,
     /// Step timing per number of rows in the step, ascending.
     pub by_batch_size: Vec<BatchSizeStats>,
 }
@@ -228,6 +234,10 @@ pub struct Scheduler<'s> {
     /// before any waiting request is admitted.
     preempted: VecDeque<Sequence<'s>>,
     preemptions: u64,
+    /// The last admissions' prompt reuse, oldest first.
+    recent: VecDeque<RecentRequest>,
+    /// Prompt tokens seeded from running rows' KV, all admissions.
+    tokens_from_running_rows: u64,
     next_id: u64,
     steps: u64,
     occupancy_sum: f64,
@@ -256,6 +266,8 @@ impl<'s> Scheduler<'s> {
             running: Vec::new(),
             preempted: VecDeque::new(),
             preemptions: 0,
+            recent: VecDeque::new(),
+            tokens_from_running_rows: 0,
             next_id: 0,
             steps: 0,
             occupancy_sum: 0.0,
@@ -397,6 +409,8 @@ impl<'s> Scheduler<'s> {
         self.decode_tokens = 0;
         self.last_prefill = 0;
         self.preemptions = 0;
+        self.recent.clear();
+        self.tokens_from_running_rows = 0;
         self.by_size.clear();
     }
 
@@ -411,6 +425,8 @@ impl<'s> Scheduler<'s> {
             memory_budget_bytes: self.budget,
             reserved_bytes: self.running.iter().map(|s| s.reserved_bytes).sum(),
             kv_bytes_per_token: self.shape.as_ref().map_or(0, |s| s.kv_bytes(1)),
+            tokens_from_running_rows: self.tokens_from_running_rows,
+            recent: self.recent.iter().cloned().collect(),
             steps: self.steps,
             prefill_tokens_last_step: self.last_prefill,
             prefill_tokens: self.prefill_tokens,
@@ -641,13 +657,16 @@ impl<'s> Scheduler<'s> {
                 self.running.push(seq);
                 continue;
             }
-            let Some(mut pending) = self.waiting.pop_front() else {
+            let Some(i) = self.next_to_admit(model, caches.as_deref()) else {
+                return;
+            };
+            let Some(mut pending) = self.waiting.remove(i) else {
                 return;
             };
             let (reserve, reserve_tokens) = match self.reservation(model, &pending.request) {
                 Reservation::Fits(bytes, tokens) => (bytes, tokens),
                 Reservation::Wait => {
-                    self.waiting.push_front(pending);
+                    self.waiting.insert(i, pending);
                     return;
                 }
                 Reservation::Never(message) => {
@@ -659,12 +678,78 @@ impl<'s> Scheduler<'s> {
             };
             let id = self.next_id;
             self.next_id += 1;
-            if let Some(mut seq) = admit_one(id, pending, model, caches.as_deref_mut()) {
+            let live = self.running_prefix(&pending.request.prompt_ids);
+            let cached = caches.as_deref().map_or(0, |c| {
+                c.peek(&kv_namespace(model), &pending.request.prompt_ids)
+            });
+            // A running row's KV, where it covers more than the cache: the
+            // shared prefix is not prefilled twice.
+            let seed = live.now.filter(|&(_, n)| n > cached).map(|(row, n)| {
+                let mut kv = self.running[row].cache.clone();
+                kv.truncate(n);
+                Reuse {
+                    kv,
+                    reused: n,
+                    source: ReuseSource::RunningRow,
+                }
+            });
+            if let Some(mut seq) = admit_one(id, pending, model, seed, caches.as_deref_mut()) {
                 seq.reserved_bytes = reserve;
                 seq.reserved_tokens = reserve_tokens;
+                self.record_reuse(&seq);
                 self.running.push(seq);
             }
         }
+    }
+
+    /// The first waiting request to admit: in arrival order, passing over
+    /// requests whose prompt shares a longer prefix with a row still
+    /// prefilling it than the caches or running rows hold now. They wait
+    /// for that row's KV (prefilling the prefix themselves would take no
+    /// less time: both would share the step's prefill budget).
+    fn next_to_admit(&self, model: &LoadedModel, caches: Option<&PrefixCache>) -> Option<usize> {
+        let namespace = kv_namespace(model);
+        self.waiting.iter().position(|p| {
+            let prompt = &p.request.prompt_ids;
+            let live = self.running_prefix(prompt);
+            let now = live.now.map_or(0, |(_, n)| n);
+            let cached = caches.map_or(0, |c| c.peek(&namespace, prompt));
+            live.later < now.max(cached) + SHARED_PREFIX_WAIT_MIN
+        })
+    }
+
+    /// What running rows' KV covers of `prompt` (at most all but its last
+    /// token): now, and once prefilling rows have fed their shared part.
+    fn running_prefix(&self, prompt: &[u32]) -> RunningPrefix {
+        let limit = prompt.len().saturating_sub(1);
+        let mut out = RunningPrefix::default();
+        for (i, row) in self.running.iter().enumerate() {
+            let shared = crate::cache::common_prefix(row.history(), prompt).min(limit);
+            let now = row.cache.reusable(shared.min(row.fed));
+            if now > out.now.map_or(0, |(_, n)| n) {
+                out.now = Some((i, now));
+            }
+            if row.phase() == Phase::Prefill {
+                out.later = out.later.max(shared);
+            }
+        }
+        out
+    }
+
+    /// Keeps the last [`RECENT_REQUESTS`] admissions' reuse for `/stats`.
+    fn record_reuse(&mut self, seq: &Sequence<'_>) {
+        if seq.reused_from == ReuseSource::RunningRow {
+            self.tokens_from_running_rows += seq.cached_tokens as u64;
+        }
+        if self.recent.len() == RECENT_REQUESTS {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(RecentRequest {
+            row: seq.id,
+            prompt_tokens: seq.prompt_len,
+            reused_tokens: seq.cached_tokens,
+            reused_from: seq.reused_from,
+        });
     }
 
     /// Whether `request` fits the memory budget now, later or never: its
@@ -743,6 +828,36 @@ impl<'s> Scheduler<'s> {
     }
 }
 
+/// A waiting request defers to a prefilling row only for at least this
+/// many more shared tokens (a chat template's first few tokens are common
+/// to every request).
+const SHARED_PREFIX_WAIT_MIN: usize = 32;
+
+/// Admissions `/stats` lists (`batch.recent`).
+const RECENT_REQUESTS: usize = 32;
+
+/// What running rows' KV covers of a prompt.
+#[derive(Debug, Default)]
+struct RunningPrefix {
+    /// The row whose KV covers most of it now, and how much.
+    now: Option<(usize, usize)>,
+    /// The most a prefilling row will cover once it has fed its shared part.
+    later: usize,
+}
+
+/// One admission's prompt reuse (`GET /stats`, `batch.recent`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RecentRequest {
+    /// The row's id (admission order).
+    pub row: u64,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Of those, tokens whose KV was reused instead of prefilled.
+    pub reused_tokens: usize,
+    /// Where the reused KV came from.
+    pub reused_from: ReuseSource,
+}
+
 /// Whether a request fits the memory budget.
 enum Reservation {
     /// Now, reserving this many bytes for this many KV positions.
@@ -768,6 +883,7 @@ fn admit_one<'s>(
     id: u64,
     pending: Pending<'s>,
     model: &LoadedModel,
+    seed: Option<Reuse>,
     caches: Option<&mut PrefixCache>,
 ) -> Option<Sequence<'s>> {
     let Pending {
@@ -807,10 +923,10 @@ fn admit_one<'s>(
         ))
     };
     let namespace = kv_namespace(model);
-    let reuse = caches.and_then(|c| c.lookup(&namespace, &request.prompt_ids));
-    let (mut cache, cached) = match reuse {
-        Some(r) => (r.kv, r.reused),
-        None => (model.model.new_cache(), 0),
+    let reuse = seed.or_else(|| caches.and_then(|c| c.lookup(&namespace, &request.prompt_ids)));
+    let (mut cache, cached, source) = match reuse {
+        Some(r) => (r.kv, r.reused, r.source),
+        None => (model.model.new_cache(), 0, ReuseSource::None),
     };
     // A hit shares the entry's buffers; the row's decode steps write its
     // cache in place, so it gets its own copy.
@@ -823,7 +939,7 @@ fn admit_one<'s>(
     sink.event(GenerateEvent::Started {
         cached_tokens: cached,
     });
-    Some(Sequence::new(
+    let mut seq = Sequence::new(
         id,
         request.prompt_ids,
         request.max_tokens,
@@ -835,7 +951,9 @@ fn admit_one<'s>(
         sink,
         cache,
         cached,
-    ))
+    );
+    seq.reused_from = source;
+    Some(seq)
 }
 
 /// Gives a preempted row its KV back: the longest cached prefix of its

@@ -56,8 +56,11 @@ pub struct Sequence<'s> {
     pub(crate) prompt_len: usize,
     /// Positions of `ids` whose KV is in `cache`.
     pub(crate) fed: usize,
-    /// Prompt tokens whose KV came from the prompt cache.
+    /// Prompt tokens whose KV came from the prompt cache (or a running
+    /// row: `reused_from`).
     pub(crate) cached_tokens: usize,
+    /// Where those tokens' KV came from.
+    pub(crate) reused_from: crate::cache::prompt::ReuseSource,
     pub(crate) generated: usize,
     /// `max_tokens` capped by the context left after the prompt.
     pub(crate) max_new: usize,
@@ -144,6 +147,7 @@ impl<'s> Sequence<'s> {
             prompt_len,
             fed: cached_tokens,
             cached_tokens,
+            reused_from: crate::cache::prompt::ReuseSource::None,
             generated: 0,
             top_logprobs,
             detok,

@@ -291,7 +291,11 @@ impl SsdCache {
                         ms = format!("{ms:.1}"),
                         "restored KV from the SSD cache"
                     );
-                    return Some(Reuse { kv, reused });
+                    return Some(Reuse {
+                        kv,
+                        reused,
+                        source: super::prompt::ReuseSource::Ssd,
+                    });
                 }
                 Ok(_) => self.quarantine(&entry.path, "its tokens changed since it was indexed"),
                 // Evicted while we read it: not damage.
