@@ -104,6 +104,7 @@ fn main() {
         .cpp(true)
         .std("c++20")
         .file(native.join("decode_attention.cpp"))
+        .file(native.join("prefill_attention.cpp"))
         .file(native.join("quantized_matmul.cpp"))
         .file(native.join("packed_matmul.cpp"))
         .file(native.join("decode_layer.cpp"))

@@ -54,6 +54,24 @@ extern "C" {
         scale: f32,
     ) -> ::std::os::raw::c_int;
 
+    /// mlxhost's causal prefill attention over one row's KV cache
+    /// (`native/prefill_attention.cpp`, CPU with AVX-512F only): builds one
+    /// lazy MLX op; `out` gets `[T, H * D]` float32 (token-major) for q
+    /// `[1, H, T, D]` over keys and values `[1, H_kv, offset + T, D]`, query
+    /// i attending keys `[0, offset + i]`. Returns 0, or 1 after reporting
+    /// the error through mlx-c's error handler.
+    pub fn mlxhost_prefill_attention(
+        out: *mut mlx_array,
+        q: mlx_array,
+        keys: mlx_array,
+        values: mlx_array,
+        offset: ::std::os::raw::c_int,
+        scale: f32,
+    ) -> ::std::os::raw::c_int;
+
+    /// Whether this CPU runs `mlxhost_prefill_attention` (1) or not (0).
+    pub fn mlxhost_prefill_attention_available() -> ::std::os::raw::c_int;
+
     /// A census of the unevaluated graph behind `arrays`
     /// (`native/graph_census.cpp`): "Name count" lines, most frequent first,
     /// written NUL-terminated into `buf` (at most `len` bytes). Returns the

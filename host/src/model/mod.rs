@@ -19,6 +19,7 @@ pub mod gguf;
 pub mod gguf_file;
 pub mod linear;
 pub mod llama;
+pub mod prefill_attention;
 pub mod ragged;
 pub mod tokenizer;
 pub mod weights;

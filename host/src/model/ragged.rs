@@ -151,6 +151,12 @@ pub fn attend_row(
     scale: f32,
 ) -> Result<Array> {
     let (heads, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
+    if kind == LayerKind::Full && t > 1 && super::prefill_attention::applies(q, k) {
+        // A prefill chunk on the CPU: the tiled op, already token-major.
+        let offset = cache.offset();
+        let (keys, values) = cache.update(l, k, v)?;
+        return super::prefill_attention::prefill_attention(q, &keys, &values, offset, scale);
+    }
     let o = attention_over_cache(l, kind, q, k, v, cache, scale)?;
     // SDPA gives `[1, heads, T, D]` (one query: `[1, heads, 1, D]`, already
     // in token-major order).

@@ -1,0 +1,191 @@
+//! Causal attention of a prefill chunk over one row's KV cache on the CPU:
+//! one MLX op per layer (`mlxhost_prefill_attention`, a CPU primitive in
+//! `host/mlx-sys/native/prefill_attention.cpp`), tiled with an online
+//! softmax so the `[H, T, L]` float32 scores are never materialised, with
+//! 16-lane exponentials. MLX's CPU `scaled_dot_product_attention` writes
+//! and rereads those scores (545 MB per layer for a 512-token chunk of
+//! Qwen2.5-0.5B at a 19k-token offset) and exponentiates one lane at a
+//! time, which made long prompts prefill at a third of short ones' speed.
+//!
+//! Chosen on the CPU backend where the CPU has AVX-512F, for float32
+//! full-attention layers whose head dimension is a multiple of 16, unless
+//! `MLXHOST_PREFILL_ATTENTION=mlx` (a benchmarking switch). Elsewhere MLX's
+//! SDPA runs.
+
+use std::sync::OnceLock;
+
+use mlx_rs::{error::Exception, Array, Dtype};
+
+use super::error::Result;
+
+/// Whether prefill chunks attend through the op (CPU backend with
+/// AVX-512F, not switched off).
+pub fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        // SAFETY: a pure query of the CPU's features.
+        let available = unsafe { mlx_sys::mlxhost_prefill_attention_available() } == 1;
+        available
+            && !crate::runtime::gpu_available()
+            && std::env::var("MLXHOST_PREFILL_ATTENTION").as_deref() != Ok("mlx")
+    })
+}
+
+/// Whether a chunk with these operands can use the op.
+pub fn applies(q: &Array, keys: &Array) -> bool {
+    let d = q.shape().last().copied().unwrap_or(0);
+    enabled() && q.dtype() == Dtype::Float32 && keys.dtype() == Dtype::Float32 && d % 16 == 0
+}
+
+/// Attention of `q: [1, H, T, D]` (RoPE applied) over `keys`/`values: [1,
+/// H_kv, offset + T, D]` (the cache's valid positions, this chunk's
+/// included): query i sees keys `[0, offset + i]`, weights
+/// `softmax(scale · q kᵀ)`. Returns `[T, H · D]` float32, token-major
+/// (lazy).
+///
+/// Errors: shapes or dtypes the op does not take (see [`applies`]).
+pub fn prefill_attention(
+    q: &Array,
+    keys: &Array,
+    values: &Array,
+    offset: usize,
+    scale: f32,
+) -> Result<Array> {
+    // SAFETY: `mlx_array_new` makes an empty handle the call fills (or
+    // leaves empty); it is wrapped right after, which frees it on drop. The
+    // input handles are borrowed for the call; the op keeps references.
+    let (status, out) = unsafe {
+        let mut out = mlx_sys::mlx_array_new();
+        let status = mlx_sys::mlxhost_prefill_attention(
+            &mut out,
+            q.as_ptr(),
+            keys.as_ptr(),
+            values.as_ptr(),
+            offset as i32,
+            scale,
+        );
+        (status, Array::from_ptr(out))
+    };
+    if status != 0 {
+        return Err(Exception::custom(format!(
+            "prefill attention: the op rejected q {:?} over keys {:?} at offset {offset}",
+            q.shape(),
+            keys.shape()
+        ))
+        .into());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+    use mlx_rs::ops::{self, indexing::IndexOp};
+
+    /// MLX's SDPA over the same keys: causal from `offset` (the chunk's
+    /// queries see every cached key and the chunk's keys up to their own).
+    fn reference(q: &Array, k: &Array, v: &Array, offset: usize, scale: f32) -> Array {
+        let t = q.shape()[2];
+        let l = k.shape()[2];
+        // Query i (position offset + i) sees key j iff j <= offset + i.
+        let rows = ops::arange::<_, i32>(offset as i32, offset as i32 + t, None)
+            .unwrap()
+            .reshape(&[t, 1])
+            .unwrap();
+        let cols = ops::arange::<_, i32>(0, l, None)
+            .unwrap()
+            .reshape(&[1, l])
+            .unwrap();
+        let mask = ops::ge(&rows, &cols).unwrap();
+        let o = fast::scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            scale,
+            ScaledDotProductAttentionMask::Array(&mask),
+            None,
+        )
+        .unwrap();
+        let (h, d) = (q.shape()[1], q.shape()[3]);
+        o.transpose_axes(&[0, 2, 1, 3])
+            .unwrap()
+            .reshape(&[t, h * d])
+            .unwrap()
+    }
+
+    #[test]
+    fn matches_mlx_sdpa_across_offsets_heads_and_tiles() -> Result<()> {
+        if !enabled() {
+            eprintln!("skipped: this CPU has no AVX-512F");
+            return Ok(());
+        }
+        mlx_rs::random::seed(7)?;
+        // (H, H_kv, D, T, offset): grouped heads, D 64 and 128, chunks that
+        // are and are not multiples of the 16-query and 64-key tiles,
+        // offsets inside and at the edge of a tile, and a first chunk.
+        for (h, hkv, d, t, offset) in [
+            (14, 2, 64, 37, 0),
+            (14, 2, 64, 64, 64),
+            (9, 3, 64, 100, 131),
+            (4, 4, 128, 17, 250),
+            (12, 2, 128, 1, 5),
+            (2, 1, 16, 300, 1000),
+        ] {
+            let q = mlx_rs::random::normal::<f32>(&[1, h, t, d], None, None, None)?;
+            let k =
+                mlx_rs::random::normal::<f32>(&[1, hkv, offset as i32 + t, d], None, None, None)?;
+            let v =
+                mlx_rs::random::normal::<f32>(&[1, hkv, offset as i32 + t, d], None, None, None)?;
+            // Large scores test the running max's rescaling.
+            let scale = 2.0 / (d as f32).sqrt();
+            let got = prefill_attention(&q, &k, &v, offset, scale)?;
+            let want = reference(&q, &k, &v, offset, scale);
+            let diff = ops::abs(&ops::subtract(&got, &want)?)?
+                .max(None)?
+                .item_exact::<f32>();
+            assert!(
+                diff < 1e-4,
+                "(h {h}, kv {hkv}, d {d}, t {t}, offset {offset}): max diff {diff}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn reads_a_cache_buffer_view_and_strided_queries() -> Result<()> {
+        if !enabled() {
+            return Ok(());
+        }
+        // Keys as a prefix view of a larger buffer (the KV cache's capacity),
+        // q as a transposed view (as the head split leaves it).
+        let (h, hkv, d, t, offset) = (6, 2, 64, 20, 30);
+        let buf_k = mlx_rs::random::normal::<f32>(&[1, hkv, 256, d], None, None, None)?;
+        let buf_v = mlx_rs::random::normal::<f32>(&[1, hkv, 256, d], None, None, None)?;
+        let l = offset as i32 + t;
+        let k = buf_k.index((.., .., ..l, ..));
+        let v = buf_v.index((.., .., ..l, ..));
+        let q = mlx_rs::random::normal::<f32>(&[1, t, h, d], None, None, None)?
+            .transpose_axes(&[0, 2, 1, 3])?;
+        let got = prefill_attention(&q, &k, &v, offset, 0.125)?;
+        let want = reference(&q, &k, &v, offset, 0.125);
+        let diff = ops::abs(&ops::subtract(&got, &want)?)?
+            .max(None)?
+            .item_exact::<f32>();
+        assert!(diff < 1e-4, "max diff {diff}");
+        Ok(())
+    }
+
+    #[test]
+    fn rejects_what_it_cannot_take() {
+        if !enabled() {
+            return;
+        }
+        let q = ops::zeros::<f32>(&[1, 4, 3, 24]).unwrap(); // D not a multiple of 16
+        let k = ops::zeros::<f32>(&[1, 2, 3, 24]).unwrap();
+        assert!(prefill_attention(&q, &k, &k, 0, 1.0).is_err());
+        let q = ops::zeros::<f32>(&[1, 4, 3, 16]).unwrap();
+        let k = ops::zeros::<f32>(&[1, 2, 5, 16]).unwrap(); // offset + T != 5
+        assert!(prefill_attention(&q, &k, &k, 0, 1.0).is_err());
+    }
+}
