@@ -2,14 +2,19 @@
 # Runs the real Claude Code CLI (@anthropic-ai/claude-code from npm) against mlxhost, with
 # the test-only `scripted` sampler standing in for a model that could act as an agent.
 # See tests/agents/README.md. Usage: tests/agents/claude_code.sh   (from anywhere)
-# Env: MLXHOST_BIN (default target/debug/mlxhost), CLAUDE_CODE_VERSION (2.1.197, the version
-# the results in the README were seen with), CLAUDE_CODE_PREFIX (install cache,
-# default ~/.cache/mlxhost/agents/claude-code), CC_FULL=1 also runs full (non --bare) mode
-# (slow on a debug build: ~3k prompt tokens), CC_QWEN=1 also runs full mode with
-# Qwen2.5-Coder-0.5B (~20k prompt tokens: use a release build), KEEP=1 keeps the temp dir.
+# Env: MLXHOST_BIN (default target/debug/mlxhost; target/release/mlxhost with REAL=1),
+# CLAUDE_CODE_VERSION (2.1.197, the version the results in the README were seen with),
+# CLAUDE_CODE_PREFIX (install cache, default ~/.cache/mlxhost/agents/claude-code), CC_FULL=1
+# also runs full (non --bare) mode (slow on a debug build: ~3k prompt tokens), CC_QWEN=1 also
+# runs full mode with Qwen2.5-Coder-0.5B (~20k prompt tokens: use a release build), REAL=1 a
+# real model doing a small task in full mode in two sessions against one server (MODEL, default
+# qwen2.5-coder-1.5b; TASK; TEMP, default 0; CC_REAL_TIMEOUT per session, default 7200 s;
+# CC_REAL_TURNS, default 4; STRICT=1 counts the model's own failures as failed checks), KEEP=1
+# keeps the temp dir.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-MLXHOST=${MLXHOST_BIN:-$ROOT/target/debug/mlxhost}
+REAL=${REAL:-0}
+if [ "$REAL" = 1 ]; then MLXHOST=${MLXHOST_BIN:-$ROOT/target/release/mlxhost}; else MLXHOST=${MLXHOST_BIN:-$ROOT/target/debug/mlxhost}; fi
 PREFIX=${CLAUDE_CODE_PREFIX:-$HOME/.cache/mlxhost/agents/claude-code}
 CLAUDE=$PREFIX/bin/claude
 PY=${PYTHON:-python3}
@@ -27,15 +32,16 @@ NAME=claude
 . "$ROOT/tests/agents/common.sh"
 
 
-# claude DIR ARGS...: runs Claude Code in DIR with a fresh HOME; stdout -> DIR/out.json
+# claude DIR ARGS...: runs Claude Code in DIR/work with HOME DIR/home; stdout ->
+# DIR/$CC_OUT.json (default out)
 claude() {
-  local dir=$1; shift
+  local dir=$1 out=${CC_OUT:-out}; shift
   mkdir -p "$dir/home" "$dir/work"
   (cd "$dir/work" && env HOME="$dir/home" ANTHROPIC_BASE_URL="http://127.0.0.1:$PORT" \
      ANTHROPIC_API_KEY=dummy ANTHROPIC_MODEL=m ANTHROPIC_DEFAULT_HAIKU_MODEL=m \
      CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1 \
      timeout "${CC_TIMEOUT:-300}" "$CLAUDE" "$@" --output-format json \
-     >"$dir/out.json" 2>"$dir/err.txt")
+     >"$dir/$out.json" 2>"$dir/$out.err")
   echo $?
 }
 # jget FILE EXPR: a Python expression over the JSON `j` in FILE
@@ -45,7 +51,7 @@ D=$T/hello; rc=$(claude "$D" -p "Say hi" --bare)
 res=$(jget "$D/out.json" 'j["result"]'); err=$(jget "$D/out.json" 'j["is_error"]')
 [ "$rc" = 0 ] && [ "$err" = False ] && [ "$res" = "Hello from mlxhost." ]
 check "bare one-shot" $? "rc=$rc is_error=$err result='$res'; requests: $(sizes)"
-[ "$rc" = 0 ] || { echo "--- stdout"; cat "$D/out.json"; echo "--- stderr"; tail -20 "$D/err.txt"; }
+[ "$rc" = 0 ] || { echo "--- stdout"; cat "$D/out.json"; echo "--- stderr"; tail -20 "$D/out.err"; }
 
 # --- 2. context overflow (bare, a ~12k-token prompt): a clear 400 shown by Claude Code --
 D=$T/overflow; long=$("$PY" -c "print('the quick brown fox jumps over the lazy dog. ' * 1200)")
@@ -111,7 +117,29 @@ if [ "${CC_QWEN:-0}" = 1 ]; then
   stop
 fi
 
+# --- 6. a real model doing a small task, two sessions against one server (REAL=1) ----------
+# Full mode (no --bare: 24 tools, ~19k prompt tokens with Qwen's template), Write and Bash
+# allowed. Same work dir and HOME for both sessions (the first user message names the cwd);
+# the server drops the per-session billing block, so the second session can reuse the first's
+# system prompt. The first's file is moved away before the second.
+if [ "$REAL" = 1 ]; then
+  MODEL=${MODEL:-qwen2.5-coder-1.5b}
+  TASK=${TASK:-"Create a file hello.py that prints hello"}
+  # greedy (TEMP, default 0) unless told: the server's HTTP default is OpenAI's 1.0
+  SAMPLER=standard START_TRIES=1200 start real "" --model "$MODEL" --temp "${TEMP:-0}"
+  # a cold ~19k-token CPU prefill takes many minutes: no content events until it ends
+  export CLAUDE_STREAM_IDLE_TIMEOUT_MS=${CLAUDE_STREAM_IDLE_TIMEOUT_MS:-3600000}
+  D=$T/real
+  for s in 1 2; do
+    mark
+    rc=$(CC_OUT=session$s CC_TIMEOUT=${CC_REAL_TIMEOUT:-7200} claude "$D" -p "$TASK" \
+           --allowedTools Write Bash --max-turns "${CC_REAL_TURNS:-4}")
+    echo "claude session $s: subtype=$(jget "$D/session$s.json" 'j["subtype"]') is_error=$(jget "$D/session$s.json" 'j["is_error"]') turns=$(jget "$D/session$s.json" 'j["num_turns"]') result='$(jget "$D/session$s.json" 'j["result"][:120]')'"
+    session_report "claude code real session $s ($MODEL)" "$rc" "$D/work" hello.py
+    [ -e "$D/work/hello.py" ] && mv "$D/work/hello.py" "$D/session$s-hello.py"
+  done
+  stop
+fi
+
 echo "Claude Code $VERSION against $("$MLXHOST" --version 2>/dev/null || echo mlxhost)"
-printf '%s\n' "${SUMMARY[@]}"
-echo "passed $PASS, failed $FAIL"
-[ "$FAIL" = 0 ]
+summary
