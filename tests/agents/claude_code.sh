@@ -126,7 +126,7 @@ if [ "$REAL" = 1 ]; then
   MODEL=${MODEL:-qwen2.5-coder-1.5b}
   TASK=${TASK:-"Create a file hello.py that prints hello"}
   # greedy (TEMP, default 0) unless told: the server's HTTP default is OpenAI's 1.0
-  SAMPLER=standard START_TRIES=1200 start real "" --model "$MODEL" --temp "${TEMP:-0}"
+  SAMPLER=standard START_TRIES=1200 start real "" --model "$MODEL" --temp "${TEMP:-0}" ${SERVE_ARGS:-}  # SERVE_ARGS: more serve flags, e.g. --memory-budget 1
   # a cold ~19k-token CPU prefill takes many minutes: no content events until it ends
   export CLAUDE_STREAM_IDLE_TIMEOUT_MS=${CLAUDE_STREAM_IDLE_TIMEOUT_MS:-3600000}
   D=$T/real

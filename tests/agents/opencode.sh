@@ -134,7 +134,7 @@ if [ "$REAL" = 1 ]; then
   TASK=${TASK:-"Create a file hello.py that prints hello"}
   # greedy (TEMP, default 0) unless told: opencode sends no temperature, and the server's
   # HTTP default is OpenAI's 1.0
-  SAMPLER=standard START_TRIES=1200 start real "" --model "$MODEL" --temp "${TEMP:-0}"
+  SAMPLER=standard START_TRIES=1200 start real "" --model "$MODEL" --temp "${TEMP:-0}" ${SERVE_ARGS:-}  # SERVE_ARGS: more serve flags, e.g. --memory-budget 1
   D=$T/real
   for s in 1 2; do
     mark
