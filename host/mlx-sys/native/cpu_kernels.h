@@ -48,6 +48,9 @@ struct PackedProblem {
 // CPU has it (else the portable loop), the portable loop (tests).
 constexpr int kPackedSimd = 0;
 constexpr int kPackedPortable = 1;
+// As kPackedSimd, but prefill-sized products (more than 16 rows) always take
+// int8 activations (tests; `MLXHOST_INT8_PREFILL=1` makes kPackedSimd do so).
+constexpr int kPackedInt8 = 2;
 
 // Whether this CPU runs the packed layout's SIMD kernel (AVX-512 F/BW/VNNI).
 bool packed_available();
@@ -82,6 +85,13 @@ void dequant_packed_cols(const PackedProblem& p, int t0, int t1, float* out, int
 
 // Decode-sized product (any M; meant for M <= 16) on the pool.
 void compute_packed_tiles(const PackedProblem& p, int variant);
+
+// Whether prefill-sized packed products use int8 activations
+// (`MLXHOST_INT8_PREFILL=1` on a CPU with AVX-512 VNNI).
+bool int8_prefill_enabled();
+
+// Prefill-sized product with int8 activations (llama.cpp's numerics).
+void compute_packed_int8(const PackedProblem& p);
 
 // Any M: decode-sized products through `compute_packed_tiles`, larger ones
 // (prefill) through dequantized tiles and BLAS (exact in float32).

@@ -38,6 +38,7 @@
 // (`prepare_x`).
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -445,6 +446,175 @@ void tiles_vnni(const PackedProblem& p, const PackedX& px, int t0, int t1) {
 }
 #endif
 
+// ---------------------------------------------------------------------------
+// Prefill-sized products with int8 activations (`MLXHOST_INT8_PREFILL=1`):
+// x rounded per weight group to int8 (step d = max|x| / 127), one vpdpbusd
+// per weight vector instead of three, as llama.cpp multiplies its K-quants
+// (Q8 activations). Three times the 24-bit kernel's multiply-adds per
+// instruction; the rounding moves logprobs by a few hundredths of a nat (the
+// reason decode keeps 24 bits, see the file's head), so it is opt-in.
+struct PackedX8 {
+  std::vector<int32_t> q; // per row: K / 4 dwords, in the chunk/vector order
+  std::vector<float> d, sum;
+};
+
+void prepare_x_int8(const PackedProblem& p, PackedX8& px) {
+  const int groups = p.K / p.group;
+  const int per_word = 32 / p.bits;
+  const int vecs = p.bits == 4 ? 2 : 1;
+  px.q.resize(size_t(p.M) * p.K / 4);
+  px.d.resize(size_t(p.M) * groups);
+  px.sum.resize(size_t(p.M) * groups);
+  parallel_for_range(p.M, 8, [&](int m0, int m1) {
+    std::vector<int32_t> X(p.group);
+    for (int m = m0; m < m1; m++) {
+      const float* xr = p.x + size_t(m) * p.K;
+      for (int g = 0; g < groups; g++) {
+        const float* xg = xr + size_t(g) * p.group;
+        float amax = 0, sum = 0;
+        for (int i = 0; i < p.group; i++) {
+          amax = std::max(amax, std::fabs(xg[i]));
+          sum += xg[i];
+        }
+        const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+        px.d[size_t(m) * groups + g] = amax / 127.0f;
+        px.sum[size_t(m) * groups + g] = sum;
+        for (int i = 0; i < p.group; i++)
+          X[i] = int32_t(std::nearbyint(std::clamp(xg[i] * inv, -127.0f, 127.0f)));
+        int32_t* out = px.q.data() + (size_t(m) * p.K + size_t(g) * p.group) / 4;
+        for (int w = 0; w < p.group / per_word; w++) {
+          for (int v = 0; v < vecs; v++, out++) {
+            uint32_t dig = 0;
+            for (int byte = 0; byte < 4; byte++)
+              dig |= uint32_t(uint8_t(int8_t(X[w * per_word + lane_element(p.bits, v, byte)])))
+                  << (8 * byte);
+            *out = int32_t(dig);
+          }
+        }
+      }
+    }
+  });
+}
+
+#if defined(__x86_64__)
+// One tile (16 output rows) against rows [m0, m0 + MC) of the int8 x.
+template <int BITS, int MC, bool F16>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni_int8(
+    const PackedProblem& p,
+    const PackedX8& px,
+    const uint8_t* tile,
+    int m0,
+    int n0) {
+  constexpr int VEC = BITS == 4 ? 2 : 1;
+  const int groups = p.K / p.group;
+  const int chunks = p.group * BITS / 32;
+  const size_t gbytes = group_bytes(BITS, p.group, F16);
+  const int32_t* xq[MC];
+  for (int m = 0; m < MC; m++)
+    xq[m] = px.q.data() + size_t(m0 + m) * p.K / 4;
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  __m512 accf[MC];
+  for (int m = 0; m < MC; m++)
+    accf[m] = _mm512_setzero_ps();
+  for (int g = 0; g < groups; g++) {
+    const uint8_t* gp = tile + size_t(g) * gbytes;
+    __m512i acc[MC];
+    for (int m = 0; m < MC; m++)
+      acc[m] = _mm512_setzero_si512();
+    const size_t xoff = size_t(g) * p.group / 4;
+    for (int c = 0; c < chunks; c++) {
+      const __m512i v = _mm512_loadu_si512(gp + size_t(c) * 64);
+      __m512i w[VEC];
+      if constexpr (BITS == 4) {
+        w[0] = _mm512_and_si512(v, nib);
+        w[1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+      } else {
+        w[0] = v;
+      }
+      for (int t = 0; t < VEC; t++) {
+        const int pos = c * VEC + t;
+        for (int m = 0; m < MC; m++)
+          acc[m] = _mm512_dpbusd_epi32(acc[m], w[t], _mm512_set1_epi32(xq[m][xoff + pos]));
+      }
+    }
+    __m512 s, b;
+    load_scales_biases<F16>(gp + size_t(chunks) * 64, s, b);
+    for (int m = 0; m < MC; m++) {
+      const size_t gi = size_t(m0 + m) * groups + g;
+      const __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m]), _mm512_set1_ps(px.d[gi]));
+      accf[m] = _mm512_fmadd_ps(dot, s, accf[m]);
+      accf[m] = _mm512_fmadd_ps(b, _mm512_set1_ps(px.sum[gi]), accf[m]);
+    }
+  }
+  const int valid = std::min(kTile, p.N - n0);
+  const __mmask16 keep = valid >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1);
+  for (int m = 0; m < MC; m++)
+    _mm512_mask_storeu_ps(p.y + size_t(m0 + m) * p.N + n0, keep, accf[m]);
+}
+
+template <int BITS, bool F16>
+void tiles_vnni_int8(const PackedProblem& p, const PackedX8& px, int t0, int t1) {
+  const size_t tbytes = size_t(p.K / p.group) * group_bytes(BITS, p.group, F16);
+  // Blocks of 64 x rows against each of the range's tiles, so a block of x
+  // (64 x K bytes) stays in L2 while the tiles stream past it.
+  for (int mb = 0; mb < p.M; mb += 64) {
+    const int me = std::min(p.M, mb + 64);
+    for (int t = t0; t < t1; t++) {
+      const uint8_t* tile = p.packed + size_t(t) * tbytes;
+      int m = mb;
+      for (; m + 8 <= me; m += 8)
+        tile_vnni_int8<BITS, 8, F16>(p, px, tile, m, t * kTile);
+      for (; m < me; m++)
+        tile_vnni_int8<BITS, 1, F16>(p, px, tile, m, t * kTile);
+    }
+  }
+}
+#endif
+
+} // namespace
+
+// Set by the model loader (`mlxhost_set_int8_prefill`: on for GGUF
+// K-quants); `MLXHOST_INT8_PREFILL=0|1` overrides.
+static std::atomic<int> g_int8_prefill{0};
+
+bool int8_prefill_enabled() {
+#if defined(__x86_64__)
+  static const int forced = [] {
+    const char* env = std::getenv("MLXHOST_INT8_PREFILL");
+    return env && (env[0] == '0' || env[0] == '1') ? env[0] - '0' : -1;
+  }();
+  const bool on = forced >= 0 ? forced == 1 : g_int8_prefill.load(std::memory_order_relaxed) != 0;
+  return on && packed_available();
+#else
+  return false;
+#endif
+}
+
+void compute_packed_int8(const PackedProblem& p) {
+#if defined(__x86_64__)
+  PackedX8 px;
+  prepare_x_int8(p, px);
+  const int tiles = (p.N + kTile - 1) / kTile;
+  parallel_for_range(tiles, 4, [&](int t0, int t1) {
+    if (p.bits == 4) {
+      if (p.f16_scales)
+        tiles_vnni_int8<4, true>(p, px, t0, t1);
+      else
+        tiles_vnni_int8<4, false>(p, px, t0, t1);
+    } else {
+      if (p.f16_scales)
+        tiles_vnni_int8<8, true>(p, px, t0, t1);
+      else
+        tiles_vnni_int8<8, false>(p, px, t0, t1);
+    }
+  });
+#else
+  (void)p;
+#endif
+}
+
+namespace {
+
 // Portable reference of the same arithmetic (x rounded to the same 24-bit
 // integers, exact integer sums per group): what the tests compare the SIMD
 // kernel with, and what runs where AVX-512 VNNI is missing.
@@ -642,3 +812,7 @@ void compute_packed_tiles(const PackedProblem& p, int variant) {
 }
 
 } // namespace mlxhost_cpu
+
+extern "C" void mlxhost_set_int8_prefill(int on) {
+  mlxhost_cpu::g_int8_prefill.store(on ? 1 : 0, std::memory_order_relaxed);
+}

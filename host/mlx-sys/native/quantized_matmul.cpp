@@ -863,6 +863,11 @@ void compute_packed(const PackedProblem& p, int variant) {
     compute_packed_tiles(p, variant);
     return;
   }
+  if ((variant == kPackedInt8 && packed_available()) ||
+      (variant == kPackedSimd && int8_prefill_enabled())) {
+    compute_packed_int8(p);
+    return;
+  }
   // Prefill: column blocks of W^T (whole 16-row tiles, up to
   // `MLXHOST_PREFILL_TILE_MIB` as float32) dequantized by the pool straight
   // from the tile layout (one vector per element position, no shuffles),

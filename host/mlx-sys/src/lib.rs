@@ -69,6 +69,10 @@ extern "C" {
         scale: f32,
     ) -> ::std::os::raw::c_int;
 
+    /// Sets whether prefill-sized packed products use int8 activations
+    /// (`native/packed_matmul.cpp`; `MLXHOST_INT8_PREFILL` overrides).
+    pub fn mlxhost_set_int8_prefill(on: ::std::os::raw::c_int);
+
     /// Whether this CPU runs `mlxhost_prefill_attention` (1) or not (0).
     pub fn mlxhost_prefill_attention_available() -> ::std::os::raw::c_int;
 

@@ -345,6 +345,25 @@ impl Gguf {
     }
 
     /// Whether any 2-D tensor is stored quantized.
+    /// Whether some matrix is a K-quant (Q2_K..Q6_K, llama.cpp's
+    /// super-block formats): such checkpoints are llama.cpp's to define, and
+    /// mlxhost's parity reference for them is llama.cpp's own output.
+    pub fn has_k_quant_tensors(&self) -> bool {
+        self.file.tensors.iter().any(|t| {
+            t.dims.len() == 2
+                && GgmlType::from_id(t.type_id).is_some_and(|ty| {
+                    matches!(
+                        ty,
+                        GgmlType::Q2K
+                            | GgmlType::Q3K
+                            | GgmlType::Q4K
+                            | GgmlType::Q5K
+                            | GgmlType::Q6K
+                    )
+                })
+        })
+    }
+
     pub fn has_quantized_tensors(&self) -> bool {
         self.file.tensors.iter().any(|t| {
             t.dims.len() == 2 && GgmlType::from_id(t.type_id).is_some_and(|ty| !ty.is_float())

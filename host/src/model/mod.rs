@@ -126,6 +126,8 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let (config, tensors, tokenizer, template_src, eos_ids, bos_token, format, compute) =
         if path.is_dir() {
             let (config, tensors, tokenizer, template, eos, bos, format) = load_dir_parts(path)?;
+            // MLX checkpoints: mlx-lm is the reference; exact float32 products.
+            cpu_quant::set_int8_prefill(false);
             let compute = resolve_compute(opts.dtype, is_quantized_checkpoint(&tensors), &config);
             (
                 config, tensors, tokenizer, template, eos, bos, format, compute,
@@ -134,6 +136,10 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
             let g = gguf::Gguf::open(path)?;
             let config = g.config()?;
             let tokenizer = g.tokenizer()?;
+            // K-quants: prefill products take int8 activations, llama.cpp's
+            // numerics for these formats (its output is their parity
+            // reference); `MLXHOST_INT8_PREFILL=0|1` overrides.
+            cpu_quant::set_int8_prefill(g.has_k_quant_tensors());
             let compute = resolve_compute(opts.dtype, g.has_quantized_tensors(), &config);
             let tensors = g.tensors(&config, compute == ComputeDtype::Float32)?;
             let eos = g.eos_ids()?;
