@@ -515,7 +515,7 @@ mod tests {
                 let xg = x.reshape(&[rows, groups, 32])?;
                 let step = ops::divide(
                     &ops::abs(&xg)?.max_axes(&[2], true)?,
-                    &Array::from_f32(127.0),
+                    Array::from_f32(127.0),
                 )?;
                 let xq = ops::multiply(&ops::round(&ops::divide(&xg, &step)?, None)?, &step)?
                     .reshape(&[rows, k])?;
