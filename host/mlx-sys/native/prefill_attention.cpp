@@ -253,6 +253,12 @@ class PrefillAttention : public mx::Primitive {
     for (const auto& x : inputs)
       enc.set_input_array(x);
     enc.set_output_array(outputs[0]);
+    // The kernels read the last axis as contiguous (strides are known only
+    // now, at evaluation).
+    for (const auto& a : inputs) {
+      if (a.strides()[3] != 1)
+        throw std::runtime_error("prefill attention: an input's last axis is not contiguous");
+    }
     enc.dispatch([inputs, out = outputs[0], offset = offset_, scale = scale_]() mutable {
       const auto& q = inputs[0];
       const auto& k = inputs[1];
@@ -330,12 +336,7 @@ extern "C" int mlxhost_prefill_attention(
       throw std::invalid_argument("prefill attention: float32 only");
     if (!mlxhost_cpu::has_avx512())
       throw std::invalid_argument("prefill attention: this CPU has no AVX-512F");
-    // The kernels read the last axis as contiguous; materialise anything else.
-    auto last_contiguous = [](const mx::array& a) {
-      return a.strides()[3] == 1 ? a : mx::contiguous(a);
-    };
-    std::vector<mx::array> inputs = {
-        last_contiguous(qa), last_contiguous(ka), last_contiguous(va)};
+    std::vector<mx::array> inputs = {qa, ka, va};
     const int t = qa.shape(2), h = qa.shape(1), d = qa.shape(3);
     auto stream = mx::default_stream(mx::Device::cpu);
     auto prim = std::make_shared<PrefillAttention>(stream, offset, scale);

@@ -358,14 +358,20 @@ impl KvCache {
     }
 
     /// Gives this cache buffers of its own: a lazy copy of every layer's
-    /// keys and values. A cache cloned from a prompt-cache entry shares the
-    /// entry's buffers; a decoding row whose cache is written in place
-    /// (`model::decode_attention`) must own them alone.
+    /// valid keys and values (not the source's spare capacity: a cache
+    /// trimmed from a longer one would otherwise keep that one's whole
+    /// allocation; the next write grows it). A cache cloned from a
+    /// prompt-cache entry or a running row shares their buffers; a decoding
+    /// row whose cache is written in place (`model::decode_attention`) must
+    /// own them alone.
     pub fn make_exclusive(&mut self) -> Result<()> {
         self.detach();
+        let offset = self.offset;
         for slot in &mut self.layers {
+            let valid = offset.saturating_sub(slot.start) as i32;
             for buf in [&mut slot.keys, &mut slot.values].into_iter().flatten() {
-                *buf = fresh_copy(buf)?;
+                let keep = valid.min(buf.shape()[2]);
+                *buf = fresh_copy(&buf.index((.., .., ..keep, ..)))?;
             }
         }
         Ok(())

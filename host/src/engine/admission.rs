@@ -7,7 +7,7 @@
 //! the prompt cache and they resume later, re-feeding their history), as
 //! vLLM's scheduler does. A prompt that cannot fit even alone fails with a
 //! 400; one that fits once running rows retire waits in the queue; a row
-//! that is alone and still outgrows the budget finishes with `length`.
+//! whose own KV outgrows the budget finishes with `length`.
 //!
 //! The estimate is an upper bound of the model graph's own buffers
 //! (`model/llama.rs`): KV `[layers, 2, H_kv, T, D]` in the activation dtype
@@ -103,8 +103,20 @@ impl RowShape {
         prefill_end: Option<usize>,
         prefill_chunk: usize,
     ) -> u64 {
-        let activations = prefill_end.map_or(0, |end| {
-            let chunk = end.min(prefill_chunk.max(1));
+        self.reservation_left(kv_tokens, prefill_end.map(|e| (e, e)), prefill_chunk)
+    }
+
+    /// As [`RowShape::reservation_bytes`], for a row with `left` of its
+    /// `prefill` positions still to feed (`Some((end, left))`): its largest
+    /// forward still to come is the last chunk, at most `left` positions.
+    pub fn reservation_left(
+        &self,
+        kv_tokens: usize,
+        prefill: Option<(usize, usize)>,
+        prefill_chunk: usize,
+    ) -> u64 {
+        let activations = prefill.map_or(0, |(end, left)| {
+            let chunk = left.min(end).min(prefill_chunk.max(1));
             self.activation_bytes(chunk, end - chunk)
         });
         self.kv_bytes(kv_tokens) + activations
@@ -205,6 +217,12 @@ mod tests {
         assert_eq!(
             s.reservation_bytes(1300, Some(1000), 512),
             s.kv_bytes(1300) + s.activation_bytes(512, 488)
+        );
+        // A resumed row whose cache gave back all but 3 of its 1000
+        // positions: its last forward feeds 3, not a whole chunk.
+        assert_eq!(
+            s.reservation_left(1300, Some((1000, 3)), 512),
+            s.kv_bytes(1300) + s.activation_bytes(3, 997)
         );
     }
 

@@ -547,8 +547,10 @@ impl<'s> Scheduler<'s> {
     /// cover what it holds after this step (grown in whole
     /// [`admission::KV_GROWTH_TOKENS`]), then, while the total is over the
     /// budget, preempts the youngest row (its KV goes to the prompt cache;
-    /// it resumes later). A row over the budget on its own finishes with
-    /// `length`, as at the end of the context. Returns the rows retired.
+    /// it resumes later). A row whose own KV is over the budget finishes
+    /// with `length`, as at the end of the context. Returns the rows
+    /// retired or preempted (either may have evicted prompt-cache entries
+    /// for the worker to spill).
     fn grow_reservations(
         &mut self,
         model: &LoadedModel,
@@ -561,46 +563,55 @@ impl<'s> Scheduler<'s> {
         let chunk = self.config.prefill_chunk;
         let reserve = |seq: &mut Sequence<'_>, tokens: usize| {
             seq.reserved_tokens = tokens;
-            let prefilling = (seq.phase() == Phase::Prefill).then(|| seq.positions_after_feed());
-            seq.reserved_bytes = shape.reservation_bytes(tokens, prefilling, chunk);
+            seq.reserved_bytes = shape.reservation_left(tokens, seq.prefill_target(), chunk);
         };
         // After this step a row holds its whole history; a lookahead may
         // feed one more.
         let needed = |seq: &Sequence<'_>| seq.positions_after_feed() + 1;
-        let mut grew = Vec::new();
-        for (i, seq) in self.running.iter_mut().enumerate() {
+        for seq in &mut self.running {
             let need = needed(seq);
             let tokens = if need > seq.reserved_tokens {
-                grew.push(i);
                 admission::grown_tokens(need, seq.final_positions() + 1)
             } else {
                 seq.reserved_tokens
             };
             reserve(seq, tokens);
         }
-        // Short of a whole growth step, rows that grew take only what they
-        // need before anyone is preempted.
+        // Short of whole growth steps, every row keeps only what it needs
+        // before anyone is preempted.
         let total = |rows: &[Sequence<'_>]| rows.iter().map(|s| s.reserved_bytes).sum::<u64>();
         if total(&self.running) > budget {
-            for i in grew {
-                let seq = &mut self.running[i];
-                reserve(seq, needed(seq));
+            for seq in &mut self.running {
+                let need = needed(seq);
+                reserve(seq, need);
             }
         }
-        loop {
-            if total(&self.running) <= budget || self.running.is_empty() {
-                return 0;
-            }
-            if self.running.len() == 1 {
-                let seq = self.running.remove(0);
+        let mut retired = 0;
+        // A row whose own KV outgrew the budget can never continue:
+        // preempting others would not save it. It finishes with `length`,
+        // as at the end of the context. (Transient prefill activations
+        // alone never end a row: they are gone after its chunk.)
+        let mut i = 0;
+        while i < self.running.len() {
+            if shape.kv_bytes(needed(&self.running[i])) > budget {
+                let seq = self.running.remove(i);
                 tracing::warn!(
                     row = seq.id,
                     positions = seq.positions_after_feed(),
                     budget = %admission::gib(budget),
-                    "a row alone outgrew the memory budget (--memory-budget): it finishes with length"
+                    "a row's KV outgrew the memory budget (--memory-budget): it finishes with length"
                 );
                 finish(seq, Ok(FinishReason::Length), model, caches.as_deref_mut());
-                return 1;
+                retired += 1;
+            } else {
+                i += 1;
+            }
+        }
+        loop {
+            // One row left always runs (over the budget only by its
+            // transient prefill activations).
+            if total(&self.running) <= budget || self.running.len() <= 1 {
+                return retired;
             }
             // The youngest row that has no lookahead in flight, else the
             // youngest (vLLM preempts the lowest-priority, latest request).
@@ -624,6 +635,9 @@ impl<'s> Scheduler<'s> {
             if let Some(c) = caches.as_deref_mut() {
                 c.insert(&kv_namespace(model), tokens, kv);
             }
+            // Counted as retired, so the worker spills what the insert
+            // evicted to the SSD tier now, while memory is short.
+            retired += 1;
             self.preemptions += 1;
             let at = self.preempted.partition_point(|p| p.id < seq.id);
             self.preempted.insert(at, seq);
@@ -641,7 +655,12 @@ impl<'s> Scheduler<'s> {
             if let Some(seq) = self.preempted.front() {
                 let (history, final_positions) =
                     (seq.positions_after_feed(), seq.final_positions());
-                let reserve = self.resume_reservation(model, history, final_positions);
+                // What the caches give back is not refilled: only the rest's
+                // activations are reserved.
+                let reused = caches
+                    .as_deref()
+                    .map_or(0, |c| c.peek(&kv_namespace(model), seq.history()));
+                let reserve = self.resume_reservation(model, history, reused, final_positions);
                 let Some((bytes, tokens)) = reserve else {
                     return;
                 };
@@ -729,7 +748,9 @@ impl<'s> Scheduler<'s> {
             if now > out.now.map_or(0, |(_, n)| n) {
                 out.now = Some((i, now));
             }
-            if row.phase() == Phase::Prefill {
+            // Only a row still short of the shared part will add to it
+            // (one past it may no longer be trimmable back to it).
+            if row.phase() == Phase::Prefill && row.fed < shared {
                 out.later = out.later.max(shared);
             }
         }
@@ -794,6 +815,7 @@ impl<'s> Scheduler<'s> {
         &mut self,
         model: &LoadedModel,
         history: usize,
+        reused: usize,
         final_positions: usize,
     ) -> Option<(u64, usize)> {
         let Some(budget) = self.budget else {
@@ -801,7 +823,8 @@ impl<'s> Scheduler<'s> {
         };
         let shape = self.shape.get_or_insert_with(|| row_shape(model));
         let tokens = admission::grown_tokens(history + 1, final_positions + 1);
-        let need = shape.reservation_bytes(tokens, Some(history), self.config.prefill_chunk);
+        let left = history.saturating_sub(reused).max(1);
+        let need = shape.reservation_left(tokens, Some((history, left)), self.config.prefill_chunk);
         self.fits_beside_running(need, budget)
             .then_some((need, tokens))
     }

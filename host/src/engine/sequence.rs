@@ -188,6 +188,12 @@ impl<'s> Sequence<'s> {
         self.ids.len()
     }
 
+    /// Where prefill (or a refill after preemption) ends, for the
+    /// scheduler's activation estimate; `None` while decoding.
+    pub(crate) fn prefill_target(&self) -> Option<(usize, usize)> {
+        (self.phase() == Phase::Prefill).then(|| (self.prefill_end(), self.prefill_left()))
+    }
+
     /// The most positions this row can ever hold (prompt plus `max_new`).
     pub(crate) fn final_positions(&self) -> usize {
         self.prompt_len + self.max_new
