@@ -509,36 +509,23 @@ impl<'s> Scheduler<'s> {
                 i += 1;
             }
         }
-        let mut i = 0;
-        while i < self.preempted.len() {
-            if self.preempted[i].sink.cancelled() {
-                if let Some(seq) = self.preempted.remove(i) {
-                    finish(
-                        seq,
-                        Ok(FinishReason::Cancelled),
-                        model,
-                        caches.as_deref_mut(),
-                    );
-                }
-                n += 1;
-            } else {
-                i += 1;
-            }
-        }
-        let mut i = 0;
-        while i < self.running.len() {
-            if self.running[i].sink.cancelled() {
-                let seq = self.running.remove(i);
-                finish(
-                    seq,
-                    Ok(FinishReason::Cancelled),
-                    model,
-                    caches.as_deref_mut(),
-                );
-                n += 1;
-            } else {
-                i += 1;
-            }
+        // Paused and running rows alike (each list keeps its order).
+        let (gone_paused, paused): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut self.preempted)
+            .into_iter()
+            .partition(|s| s.sink.cancelled());
+        let (gone_running, running): (Vec<_>, Vec<_>) = std::mem::take(&mut self.running)
+            .into_iter()
+            .partition(|s| s.sink.cancelled());
+        self.preempted = paused;
+        self.running = running;
+        for seq in gone_paused.into_iter().chain(gone_running) {
+            finish(
+                seq,
+                Ok(FinishReason::Cancelled),
+                model,
+                caches.as_deref_mut(),
+            );
+            n += 1;
         }
         n
     }
