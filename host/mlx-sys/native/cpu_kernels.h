@@ -33,6 +33,33 @@ int threads();
 // the pool.
 void parallel_for_range(int n, int min, const std::function<void(int, int)>& body);
 
+// act[r] = silu(gate[r]) * up[r] for R rows of gu [R, 2 * inter] (gate, then
+// up) into act [R, inter]; silu(g) = g / (1 + e^-g) (MLX's `nn.silu`). Rows
+// split over the pool; 16 lanes at a time with AVX-512 (swiglu.cpp).
+void swiglu(const float* gu, int R, int inter, float* act);
+
+// Causal attention of a prefill chunk over one row's KV cache
+// (prefill_attention.cpp): q [1, H, T, D], keys and values [1, H_kv, offset
+// + T, D] float32 (last axis contiguous), out [T, H * D] token-major; query
+// i (position offset + i) attends keys [0, offset + i], weights
+// softmax(scale q k^T).
+struct AttentionArgs {
+  const float* q; // q[h * qs1 + i * qs2 + d]
+  int64_t qs1, qs2;
+  const float* k; // k[g * ks1 + j * ks2 + d]
+  int64_t ks1, ks2;
+  const float* v;
+  int64_t vs1, vs2;
+  float* out; // out[i * H * D + h * D + d]
+  int heads, kv_heads, t, dim, offset;
+  float scale;
+};
+
+// The attention on AMX tiles (prefill_attention_amx.cpp; bfloat16 operands,
+// float32 scores, softmax and sums). False, with nothing computed, where
+// AMX is missing or D is not a multiple of 32.
+bool prefill_attention_amx(const AttentionArgs& a);
+
 // ---------------------------------------------------------------------------
 // The packed layout for integer dot products (packed_matmul.cpp): tiles of
 // 16 output rows side by side.
@@ -49,14 +76,28 @@ struct PackedProblem {
 constexpr int kPackedSimd = 0;
 constexpr int kPackedPortable = 1;
 // As kPackedSimd, but prefill-sized products (more than 16 rows) always take
-// int8 activations (tests; `MLXHOST_INT8_PREFILL=1` makes kPackedSimd do so).
+// int8 activations (tests).
 constexpr int kPackedInt8 = 2;
+// As kPackedSimd, but prefill-sized products are bfloat16 on AMX where the
+// CPU has it (else int8; tests).
+constexpr int kPackedBf16 = 3;
+
+// How prefill-sized products (more than 16 rows) of packed weights are
+// computed: dequantized tiles into BLAS (exact float32), x rounded to int8
+// per weight group (AVX-512 VNNI), or x and weights rounded to bfloat16
+// (AMX).
+constexpr int kPrefillFloat = 0;
+constexpr int kPrefillInt8 = 1;
+constexpr int kPrefillBf16 = 2;
 
 // Whether this CPU runs the packed layout's SIMD kernel (AVX-512 F/BW/VNNI).
 bool packed_available();
 
 // Bytes of a packed [N, K] weight.
 size_t packed_bytes(int N, int K, int bits, int group, bool f16);
+
+// Bytes of one group of one packed tile (16 rows: codes, scales, biases).
+size_t packed_group_bytes(int bits, int group, bool f16);
 
 // Whether every scale and bias is a finite float exactly representable as
 // float16 (the packed layout then stores them as float16, losslessly).
@@ -86,12 +127,22 @@ void dequant_packed_cols(const PackedProblem& p, int t0, int t1, float* out, int
 // Decode-sized product (any M; meant for M <= 16) on the pool.
 void compute_packed_tiles(const PackedProblem& p, int variant);
 
-// Whether prefill-sized packed products use int8 activations
-// (`MLXHOST_INT8_PREFILL=1` on a CPU with AVX-512 VNNI).
-bool int8_prefill_enabled();
+// kPackedSimd's prefill products on this CPU: the loader's choice
+// (`mlxhost_set_low_precision_prefill`: bf16, else float) or
+// `MLXHOST_PREFILL_PRODUCTS`, stepped down to a kernel the CPU has.
+int prefill_products();
 
 // Prefill-sized product with int8 activations (llama.cpp's numerics).
 void compute_packed_int8(const PackedProblem& p);
+
+// Whether this CPU and kernel run AMX-BF16 tiles (amx_matmul.cpp; asks
+// Linux for the tile state on first use).
+bool amx_available();
+
+// Prefill-sized product on AMX (x and weights rounded to bfloat16, float32
+// sums; amx_matmul.cpp). False, with nothing computed, where AMX or the
+// shape is not supported.
+bool compute_packed_amx(const PackedProblem& p);
 
 // Any M: decode-sized products through `compute_packed_tiles`, larger ones
 // (prefill) through dequantized tiles and BLAS (exact in float32).

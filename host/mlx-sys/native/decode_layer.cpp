@@ -233,45 +233,7 @@ __attribute__((target("avx512f"))) void attend_avx512(
   }
 }
 
-// The first n - n % 16 elements of swiglu's row; returns how many it did.
-__attribute__((target("avx512f"))) int swiglu_avx512(
-    const float* gate,
-    const float* up,
-    int n,
-    float* a) {
-  int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 g = _mm512_loadu_ps(gate + i);
-    // e^-g overflows to inf for g < -88: silu is then -0, as the scalar
-    // form gives.
-    const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
-    const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-    _mm512_storeu_ps(a + i, _mm512_mul_ps(silu, _mm512_loadu_ps(up + i)));
-  }
-  return i;
-}
 #endif
-
-// act[r] = silu(gate[r]) * up[r] for R rows of gu [R, 2 * inter] (gate, then
-// up) into act [R, inter]; silu(g) = g / (1 + e^-g) (MLX's `nn.silu`). Rows
-// split over the pool; 16 lanes at a time with AVX-512 (exp512: a scalar
-// std::exp per element was ~10% of an 8-row decode step).
-void swiglu(const float* gu, int R, int inter, float* act) {
-  mlxhost_cpu::parallel_for_range(R, 1, [&](int r0, int r1) {
-    for (int r = r0; r < r1; r++) {
-      const float* gate = gu + size_t(r) * 2 * inter;
-      const float* up = gate + inter;
-      float* a = act + size_t(r) * inter;
-      int i = 0;
-#if defined(__x86_64__)
-      if (has_avx512())
-        i = swiglu_avx512(gate, up, inter, a);
-#endif
-      for (; i < inter; i++)
-        a[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-    }
-  });
-}
 
 inline float dot(const float* a, const float* b, int n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -418,7 +380,7 @@ void run(
   for (int r = 0; r < R; r++)
     rms_norm(h_out + size_t(r) * E, in[2].data<float>(), sh.eps, E, x.data() + size_t(r) * E);
   product(in, 9, x.data(), gu.data(), R, sh, 2, 2 * inter, E);
-  swiglu(gu.data(), R, inter, act.data());
+  mlxhost_cpu::swiglu(gu.data(), R, inter, act.data());
   product(in, 12, act.data(), proj.data(), R, sh, 3, E, inter);
   for (size_t i = 0; i < size_t(R) * E; i++)
     h_out[i] += proj[i];

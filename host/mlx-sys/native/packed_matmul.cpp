@@ -42,6 +42,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -120,6 +121,10 @@ bool packed_available() {
 size_t packed_bytes(int N, int K, int bits, int group, bool f16) {
   const size_t tiles = (size_t(N) + kTile - 1) / kTile;
   return tiles * size_t(K / group) * group_bytes(bits, group, f16);
+}
+
+size_t packed_group_bytes(int bits, int group, bool f16) {
+  return group_bytes(bits, group, f16);
 }
 
 bool scales_fit_f16(const float* scales, const float* biases, size_t count) {
@@ -573,21 +578,31 @@ void tiles_vnni_int8(const PackedProblem& p, const PackedX8& px, int t0, int t1)
 
 } // namespace
 
-// Set by the model loader (`mlxhost_set_int8_prefill`: on for GGUF
-// K-quants); `MLXHOST_INT8_PREFILL=0|1` overrides.
-static std::atomic<int> g_int8_prefill{0};
+// Set by the model loader (`mlxhost_set_low_precision_prefill`: on for GGUF
+// K-quants); `MLXHOST_PREFILL_PRODUCTS=float|int8|bf16` overrides.
+static std::atomic<int> g_low_precision_prefill{0};
 
-bool int8_prefill_enabled() {
-#if defined(__x86_64__)
+int prefill_products() {
   static const int forced = [] {
-    const char* env = std::getenv("MLXHOST_INT8_PREFILL");
-    return env && (env[0] == '0' || env[0] == '1') ? env[0] - '0' : -1;
+    const char* env = std::getenv("MLXHOST_PREFILL_PRODUCTS");
+    if (!env)
+      return -1;
+    const std::string v = env;
+    return v == "float" ? kPrefillFloat
+        : v == "int8"   ? kPrefillInt8
+        : v == "bf16"   ? kPrefillBf16
+                        : -1;
   }();
-  const bool on = forced >= 0 ? forced == 1 : g_int8_prefill.load(std::memory_order_relaxed) != 0;
-  return on && packed_available();
-#else
-  return false;
-#endif
+  int mode = forced;
+  if (mode < 0)
+    mode = g_low_precision_prefill.load(std::memory_order_relaxed) != 0 ? kPrefillBf16 : kPrefillFloat;
+  // Where the CPU lacks a kernel, the next one down: bf16 needs AMX, int8
+  // AVX-512 VNNI.
+  if (mode == kPrefillBf16 && !amx_available())
+    mode = kPrefillInt8;
+  if (mode == kPrefillInt8 && !packed_available())
+    mode = kPrefillFloat;
+  return mode;
 }
 
 void compute_packed_int8(const PackedProblem& p) {
@@ -813,6 +828,10 @@ void compute_packed_tiles(const PackedProblem& p, int variant) {
 
 } // namespace mlxhost_cpu
 
-extern "C" void mlxhost_set_int8_prefill(int on) {
-  mlxhost_cpu::g_int8_prefill.store(on ? 1 : 0, std::memory_order_relaxed);
+extern "C" void mlxhost_set_low_precision_prefill(int on) {
+  mlxhost_cpu::g_low_precision_prefill.store(on ? 1 : 0, std::memory_order_relaxed);
+}
+
+extern "C" int mlxhost_amx_available() {
+  return mlxhost_cpu::amx_available() ? 1 : 0;
 }

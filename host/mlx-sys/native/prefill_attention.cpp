@@ -25,9 +25,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cpu_kernels.h"
@@ -53,17 +55,7 @@ constexpr int kKeys = 64;
 // Query rows a score or output micro-kernel handles at once.
 constexpr int kRowsPerPass = 4;
 
-struct Args {
-  const float* q; // q[h * qs1 + i * qs2 + d]
-  int64_t qs1, qs2;
-  const float* k; // k[g * ks1 + j * ks2 + d]
-  int64_t ks1, ks2;
-  const float* v;
-  int64_t vs1, vs2;
-  float* out; // out[i * H * D + h * D + d]
-  int heads, kv_heads, t, dim, offset;
-  float scale;
-};
+using Args = mlxhost_cpu::AttentionArgs;
 
 // s[r][0..64) = q_r . K^T for 4 query rows over one tile whose keys are
 // transposed into kt[d * 64 + j]; rows past `rows` are not written.
@@ -229,7 +221,25 @@ __attribute__((target("avx512f"))) void run_task(const Args& a, int g, int i0, i
   }
 }
 
-void run(const Args& a) {
+// Whether a chunk attends on AMX tiles: `precision` 2, or 0 (the default)
+// where prefill products are bfloat16 (`prefill_products`) and
+// `MLXHOST_PREFILL_ATTENTION` is not `f32` (`bf16` forces it).
+bool use_amx(int precision) {
+  if (precision != 0)
+    return precision == 2;
+  static const int forced = [] {
+    const char* env = std::getenv("MLXHOST_PREFILL_ATTENTION");
+    const std::string v = env ? env : "";
+    return v == "f32" ? 1 : v == "bf16" ? 2 : 0;
+  }();
+  if (forced != 0)
+    return forced == 2;
+  return mlxhost_cpu::prefill_products() == mlxhost_cpu::kPrefillBf16;
+}
+
+void run(const Args& a, int precision) {
+  if (use_amx(precision) && mlxhost_cpu::prefill_attention_amx(a))
+    return;
   const int blocks = (a.t + kQueries - 1) / kQueries;
   const int tasks = a.kv_heads * blocks;
   // Later query blocks see more keys: hand them out first so the last tasks
@@ -244,8 +254,8 @@ void run(const Args& a) {
 
 class PrefillAttention : public mx::Primitive {
  public:
-  PrefillAttention(mx::Stream s, int offset, float scale)
-      : mx::Primitive(s), offset_(offset), scale_(scale) {}
+  PrefillAttention(mx::Stream s, int offset, float scale, int precision)
+      : mx::Primitive(s), offset_(offset), scale_(scale), precision_(precision) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
@@ -259,7 +269,11 @@ class PrefillAttention : public mx::Primitive {
       if (a.strides()[3] != 1)
         throw std::runtime_error("prefill attention: an input's last axis is not contiguous");
     }
-    enc.dispatch([inputs, out = outputs[0], offset = offset_, scale = scale_]() mutable {
+    enc.dispatch([inputs,
+                  out = outputs[0],
+                  offset = offset_,
+                  scale = scale_,
+                  precision = precision_]() mutable {
       const auto& q = inputs[0];
       const auto& k = inputs[1];
       const auto& v = inputs[2];
@@ -280,7 +294,7 @@ class PrefillAttention : public mx::Primitive {
       a.dim = q.shape(3);
       a.offset = offset;
       a.scale = scale;
-      run(a);
+      run(a, precision);
     });
   }
 
@@ -295,6 +309,7 @@ class PrefillAttention : public mx::Primitive {
  private:
   int offset_;
   float scale_;
+  int precision_;
 };
 
 #endif // __x86_64__
@@ -310,15 +325,18 @@ extern "C" int mlxhost_prefill_attention_available() {
 #endif
 }
 
-// Builds the op (lazily). `out` gets [T, H * D] float32. Returns 0, or 1 with
-// the error reported through mlx-c's error handler.
+// Builds the op (lazily). `out` gets [T, H * D] float32. `precision`: 0 the
+// process's choice (see `use_amx`), 1 the float32 kernel, 2 AMX bfloat16
+// where the CPU has it. Returns 0, or 1 with the error reported through
+// mlx-c's error handler.
 extern "C" int mlxhost_prefill_attention(
     mlx_array* out,
     const mlx_array q,
     const mlx_array keys,
     const mlx_array values,
     int offset,
-    float scale) {
+    float scale,
+    int precision) {
   try {
 #if defined(__x86_64__)
     const auto& qa = mlx_array_get_(q);
@@ -339,7 +357,7 @@ extern "C" int mlxhost_prefill_attention(
     std::vector<mx::array> inputs = {qa, ka, va};
     const int t = qa.shape(2), h = qa.shape(1), d = qa.shape(3);
     auto stream = mx::default_stream(mx::Device::cpu);
-    auto prim = std::make_shared<PrefillAttention>(stream, offset, scale);
+    auto prim = std::make_shared<PrefillAttention>(stream, offset, scale, precision);
     auto outs = mx::array::make_arrays({mx::Shape{t, h * d}}, {mx::float32}, prim, inputs);
     mlx_array_set_(*out, outs[0]);
 #else
@@ -349,6 +367,7 @@ extern "C" int mlxhost_prefill_attention(
     (void)values;
     (void)offset;
     (void)scale;
+    (void)precision;
     throw std::invalid_argument("prefill attention: x86-64 only");
 #endif
   } catch (std::exception& e) {

@@ -863,8 +863,13 @@ void compute_packed(const PackedProblem& p, int variant) {
     compute_packed_tiles(p, variant);
     return;
   }
-  if ((variant == kPackedInt8 && packed_available()) ||
-      (variant == kPackedSimd && int8_prefill_enabled())) {
+  const int products = variant == kPackedInt8 ? kPrefillInt8
+      : variant == kPackedBf16              ? kPrefillBf16
+      : variant == kPackedSimd              ? prefill_products()
+                                            : kPrefillFloat;
+  if (products == kPrefillBf16 && compute_packed_amx(p))
+    return;
+  if (products != kPrefillFloat && packed_available()) {
     compute_packed_int8(p);
     return;
   }
@@ -1229,7 +1234,8 @@ extern "C" int mlxhost_pack_quantized(
 
 // Builds `y = x @ W^T` lazily from a packed weight (`mlxhost_pack_quantized`).
 // x: [..., K] float32; `out` gets [..., n] float32. `variant`: 0 the SIMD
-// kernel where the CPU has it, 1 the portable loop (tests). Returns 0, or 1
+// kernel where the CPU has it, 1 the portable loop, 2 int8 and 3 bfloat16
+// prefill products (tests; cpu_kernels.h's kPacked*). Returns 0, or 1
 // with the error reported through mlx-c's error handler.
 extern "C" int mlxhost_packed_matmul(
     mlx_array* out,

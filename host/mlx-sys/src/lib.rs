@@ -58,8 +58,10 @@ extern "C" {
     /// (`native/prefill_attention.cpp`, CPU with AVX-512F only): builds one
     /// lazy MLX op; `out` gets `[T, H * D]` float32 (token-major) for q
     /// `[1, H, T, D]` over keys and values `[1, H_kv, offset + T, D]`, query
-    /// i attending keys `[0, offset + i]`. Returns 0, or 1 after reporting
-    /// the error through mlx-c's error handler.
+    /// i attending keys `[0, offset + i]`. `precision`: 0 the process's
+    /// choice, 1 float32, 2 bfloat16 operands on AMX where the CPU has it.
+    /// Returns 0, or 1 after reporting the error through mlx-c's error
+    /// handler.
     pub fn mlxhost_prefill_attention(
         out: *mut mlx_array,
         q: mlx_array,
@@ -67,11 +69,22 @@ extern "C" {
         values: mlx_array,
         offset: ::std::os::raw::c_int,
         scale: f32,
+        precision: ::std::os::raw::c_int,
     ) -> ::std::os::raw::c_int;
 
-    /// Sets whether prefill-sized packed products use int8 activations
-    /// (`native/packed_matmul.cpp`; `MLXHOST_INT8_PREFILL` overrides).
-    pub fn mlxhost_set_int8_prefill(on: ::std::os::raw::c_int);
+    /// Sets whether prefill-sized packed products may round to bfloat16
+    /// (AMX) or int8 (`native/packed_matmul.cpp`;
+    /// `MLXHOST_PREFILL_PRODUCTS` overrides).
+    pub fn mlxhost_set_low_precision_prefill(on: ::std::os::raw::c_int);
+
+    /// Whether this CPU runs the AMX bfloat16 prefill product (1) or not
+    /// (0) (`native/amx_matmul.cpp`).
+    pub fn mlxhost_amx_available() -> ::std::os::raw::c_int;
+
+    /// `silu(gate) * up` of a fused gate/up product `gu [R, 2 I]` -> `[R,
+    /// I]` float32 (`native/swiglu.cpp`, CPU only). Returns 0, or 1 after
+    /// reporting the error through mlx-c's error handler.
+    pub fn mlxhost_swiglu_rows(out: *mut mlx_array, gu: mlx_array) -> ::std::os::raw::c_int;
 
     /// Whether this CPU runs `mlxhost_prefill_attention` (1) or not (0).
     pub fn mlxhost_prefill_attention_available() -> ::std::os::raw::c_int;

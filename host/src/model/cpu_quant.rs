@@ -119,19 +119,32 @@ pub enum PackedKernel {
     /// As `Simd`, but products of more than 16 rows (prefill) round x to
     /// int8 per weight group instead of going through BLAS: llama.cpp's
     /// numerics for its K-quants, ~3x the multiply-adds per instruction
-    /// (`MLXHOST_INT8_PREFILL=1` makes `Simd` do this; tests name it).
+    /// (tests name it; `MLXHOST_PREFILL_PRODUCTS=int8` makes `Simd` do it).
     Int8Prefill,
+    /// As `Simd`, but products of more than 16 rows round x and the
+    /// dequantized weights to bfloat16 and sum in float32 on AMX tiles
+    /// (`native/amx_matmul.cpp`), falling back to `Int8Prefill` on CPUs
+    /// without AMX-BF16 (tests; `MLXHOST_PREFILL_PRODUCTS=bf16`).
+    Bf16Prefill,
 }
 
-/// Whether prefill-sized packed products (more than 16 rows) round x to
-/// int8 per weight group (llama.cpp's numerics, ~1.3-1.6x faster prefill
-/// here) instead of dequantizing tiles into BLAS (exact in float32). The
-/// model loader sets it for GGUF K-quant checkpoints, whose parity
-/// reference is llama.cpp; `MLXHOST_INT8_PREFILL=1` or `0` overrides.
-/// Process-wide: one server serves one model.
-pub fn set_int8_prefill(on: bool) {
+/// Whether this CPU (and kernel) runs the AMX bfloat16 prefill product.
+pub fn amx_available() -> bool {
+    // SAFETY: a CPUID query and, once, arch_prctl asking for AMX state.
+    unsafe { mlx_sys::mlxhost_amx_available() != 0 }
+}
+
+/// Whether prefill-sized packed products (more than 16 rows) may round
+/// their inputs: to bfloat16 on AMX (relative error <= 2^-9 per element,
+/// float32 sums; ~4x the int8 kernel's speed), else x to int8 per weight
+/// group (AVX-512 VNNI), instead of dequantizing tiles into BLAS (exact in
+/// float32). The model loader sets it for GGUF K-quant checkpoints, whose
+/// parity reference is llama.cpp (itself int8 activations);
+/// `MLXHOST_PREFILL_PRODUCTS=float|int8|bf16` overrides. Process-wide: one
+/// server serves one model.
+pub fn set_low_precision_prefill(on: bool) {
     // SAFETY: stores one integer in the kernels' atomic.
-    unsafe { mlx_sys::mlxhost_set_int8_prefill(i32::from(on)) }
+    unsafe { mlx_sys::mlxhost_set_low_precision_prefill(i32::from(on)) }
 }
 
 /// `y = x @ W^T` from a packed weight ([`pack`]) of `n` output rows: `x
@@ -173,6 +186,7 @@ pub fn packed_matmul(
                 PackedKernel::Simd => 0,
                 PackedKernel::Portable => 1,
                 PackedKernel::Int8Prefill => 2,
+                PackedKernel::Bf16Prefill => 3,
             },
         );
         (status, Array::from_ptr(out))
@@ -546,6 +560,68 @@ mod tests {
                 );
                 // And not the float path by accident: int8 rounding shows.
                 assert!(err > 1e-6 * scale, "{bits}-bit: suspiciously exact ({err})");
+            }
+        }
+        Ok(())
+    }
+
+    /// The bfloat16 prefill product on AMX: equal (to float32 summation
+    /// order) to the same arithmetic in MLX ops (x and the dequantized
+    /// weights rounded to bfloat16, float32 products), and within that
+    /// rounding of the float product, for 4- and 8-bit weights, float16 and
+    /// float32 scales, row counts that are not multiples of the 32-row
+    /// block, an odd number of 16-row tiles and a partial last tile.
+    #[test]
+    fn bf16_prefill_product_is_the_bfloat16_arithmetic() -> Result<()> {
+        if !amx_available() {
+            return Ok(());
+        }
+        mlx_rs::random::seed(6)?;
+        for bits in [4, 8] {
+            for (n, k, rows) in [(37, 128, 17), (130, 384, 70), (16, 640, 133), (64, 96, 32)] {
+                let spec = QuantSpec {
+                    bits,
+                    group_size: 32,
+                };
+                let w = mlx_rs::random::normal::<f32>(&[n, k], None, None, None)?;
+                let (qw, s, b) = ops::quantize(&w, 32, bits)?;
+                for half in [false, true] {
+                    let (s, b) = if half {
+                        (
+                            s.as_dtype(Dtype::Float16)?.as_dtype(Dtype::Float32)?,
+                            b.as_dtype(Dtype::Float16)?.as_dtype(Dtype::Float32)?,
+                        )
+                    } else {
+                        (s.clone(), b.clone())
+                    };
+                    let dense = ops::dequantize(&qw, &s, &b, 32, bits)?;
+                    let (packed, f16) = pack(&qw, &s, &b, spec)?;
+                    assert_eq!(f16, half);
+                    let x = mlx_rs::random::normal::<f32>(&[rows, k], None, None, None)?;
+                    let got = packed_matmul(&x, &packed, n, spec, f16, PackedKernel::Bf16Prefill)?;
+                    assert_eq!(got.shape(), &[rows, n]);
+                    let bf = |a: &Array| -> Result<Array> {
+                        Ok(a.as_dtype(Dtype::Bfloat16)?.as_dtype(Dtype::Float32)?)
+                    };
+                    let exact = ops::matmul(&bf(&x)?, bf(&dense)?.t())?;
+                    let want = ops::matmul(&x, dense.t())?;
+                    let max = |a: &Array| -> Result<f32> {
+                        Ok(ops::abs(a)?.max(None)?.item_exact::<f32>())
+                    };
+                    let scale = max(&want)?;
+                    let err_bf = max(&ops::subtract(&got, &exact)?)?;
+                    assert!(
+                        err_bf < 1e-4 * scale,
+                        "{bits}-bit [{n}x{k}] rows {rows} f16 {half}: {err_bf} from the \
+                         bfloat16 arithmetic (scale {scale})"
+                    );
+                    let err = max(&ops::subtract(&got, &want)?)?;
+                    assert!(
+                        err < 0.01 * scale,
+                        "{bits}-bit [{n}x{k}] rows {rows}: max error {err} of scale {scale}"
+                    );
+                    assert!(err > 1e-6 * scale, "{bits}-bit: suspiciously exact ({err})");
+                }
             }
         }
         Ok(())

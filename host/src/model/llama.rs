@@ -19,6 +19,7 @@ use mlx_rs::{
 
 use super::config::ModelConfig;
 use super::cpu_quant::Kernel;
+use super::cpu_swiglu;
 use super::cuda_fused;
 use super::decode_layer::{decode_layer, FusedLayer, LayerShape};
 use super::error::{ModelError, Result};
@@ -247,12 +248,21 @@ impl Llama {
 
     /// The MLP's activation `silu(gate) * up` of `x: [N, E]` -> `[N, I]`:
     /// one fused CUDA kernel over the fused gate/up product where `fused`
-    /// ([`cuda_fused::available`]), else MLX's ops.
+    /// ([`cuda_fused::available`]), one CPU op over it on the CPU backend
+    /// ([`cpu_swiglu`]), else MLX's ops.
     fn swiglu(&self, layer: &Layer, x: &Array, fused: bool) -> Result<Array> {
         if fused {
             if let Projections::Fused(lin, widths) = &layer.gate_up {
                 if widths.len() == 2 && widths[0] == widths[1] {
                     return cuda_fused::swiglu(&lin.forward_with(x, self.layer_kernel)?);
+                }
+            }
+        }
+        if let Projections::Fused(lin, widths) = &layer.gate_up {
+            if widths.len() == 2 && widths[0] == widths[1] {
+                let gu = lin.forward_with(x, self.layer_kernel)?;
+                if cpu_swiglu::applies(&gu) {
+                    return cpu_swiglu::swiglu_rows(&gu);
                 }
             }
         }

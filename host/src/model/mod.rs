@@ -7,6 +7,7 @@ pub mod chat_template;
 pub mod config;
 pub mod convert;
 pub mod cpu_quant;
+pub mod cpu_swiglu;
 pub mod cuda_decode_attention;
 pub mod cuda_fused;
 pub mod cuda_kernel;
@@ -127,7 +128,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         if path.is_dir() {
             let (config, tensors, tokenizer, template, eos, bos, format) = load_dir_parts(path)?;
             // MLX checkpoints: mlx-lm is the reference; exact float32 products.
-            cpu_quant::set_int8_prefill(false);
+            cpu_quant::set_low_precision_prefill(false);
             let compute = resolve_compute(opts.dtype, is_quantized_checkpoint(&tensors), &config);
             (
                 config, tensors, tokenizer, template, eos, bos, format, compute,
@@ -136,10 +137,10 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
             let g = gguf::Gguf::open(path)?;
             let config = g.config()?;
             let tokenizer = g.tokenizer()?;
-            // K-quants: prefill products take int8 activations, llama.cpp's
-            // numerics for these formats (its output is their parity
-            // reference); `MLXHOST_INT8_PREFILL=0|1` overrides.
-            cpu_quant::set_int8_prefill(g.has_k_quant_tensors());
+            // K-quants: prefill products round to bfloat16 (AMX) or int8,
+            // as llama.cpp (their parity reference) rounds x to int8;
+            // `MLXHOST_PREFILL_PRODUCTS` overrides.
+            cpu_quant::set_low_precision_prefill(g.has_k_quant_tensors());
             let compute = resolve_compute(opts.dtype, g.has_quantized_tensors(), &config);
             let tensors = g.tensors(&config, compute == ComputeDtype::Float32)?;
             let eos = g.eos_ids()?;

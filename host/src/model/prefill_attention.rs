@@ -37,6 +37,23 @@ pub fn applies(q: &Array, keys: &Array) -> bool {
     enabled() && q.dtype() == Dtype::Float32 && keys.dtype() == Dtype::Float32 && d % 16 == 0
 }
 
+/// The operands' precision of [`prefill_attention_with`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionPrecision {
+    /// The process's choice: bfloat16 where prefill products are bfloat16
+    /// (GGUF K-quants on a CPU with AMX, see
+    /// [`super::cpu_quant::set_low_precision_prefill`]), else float32;
+    /// `MLXHOST_PREFILL_ATTENTION=f32|bf16` overrides.
+    Default,
+    /// float32 throughout (16-lane FMAs).
+    Float32,
+    /// q, k, v and the probabilities rounded to bfloat16 (relative error
+    /// <= 2^-9 each), float32 scores, softmax and sums, on AMX tiles
+    /// (`native/prefill_attention_amx.cpp`); float32 on CPUs without AMX or
+    /// where D is not a multiple of 32.
+    Bfloat16,
+}
+
 /// Attention of `q: [1, H, T, D]` (RoPE applied) over `keys`/`values: [1,
 /// H_kv, offset + T, D]` (the cache's valid positions, this chunk's
 /// included): query i sees keys `[0, offset + i]`, weights
@@ -51,6 +68,18 @@ pub fn prefill_attention(
     offset: usize,
     scale: f32,
 ) -> Result<Array> {
+    prefill_attention_with(q, keys, values, offset, scale, AttentionPrecision::Default)
+}
+
+/// As [`prefill_attention`], with the operands' precision named.
+pub fn prefill_attention_with(
+    q: &Array,
+    keys: &Array,
+    values: &Array,
+    offset: usize,
+    scale: f32,
+    precision: AttentionPrecision,
+) -> Result<Array> {
     // SAFETY: `mlx_array_new` makes an empty handle the call fills (or
     // leaves empty); it is wrapped right after, which frees it on drop. The
     // input handles are borrowed for the call; the op keeps references.
@@ -63,6 +92,11 @@ pub fn prefill_attention(
             values.as_ptr(),
             offset as i32,
             scale,
+            match precision {
+                AttentionPrecision::Default => 0,
+                AttentionPrecision::Float32 => 1,
+                AttentionPrecision::Bfloat16 => 2,
+            },
         );
         (status, Array::from_ptr(out))
     };
@@ -139,7 +173,8 @@ mod tests {
                 mlx_rs::random::normal::<f32>(&[1, hkv, offset as i32 + t, d], None, None, None)?;
             // Large scores test the running max's rescaling.
             let scale = 2.0 / (d as f32).sqrt();
-            let got = prefill_attention(&q, &k, &v, offset, scale)?;
+            let got =
+                prefill_attention_with(&q, &k, &v, offset, scale, AttentionPrecision::Float32)?;
             let want = reference(&q, &k, &v, offset, scale);
             let diff = ops::abs(&ops::subtract(&got, &want)?)?
                 .max(None)?
@@ -148,6 +183,57 @@ mod tests {
                 diff < 1e-4,
                 "(h {h}, kv {hkv}, d {d}, t {t}, offset {offset}): max diff {diff}"
             );
+        }
+        Ok(())
+    }
+
+    /// The AMX kernel: within bfloat16 probabilities' rounding of MLX's
+    /// SDPA over the same bfloat16-rounded q, k and v, and within the
+    /// operands' rounding of the float32 result, across the shapes above
+    /// (D 64 and 128; 32-query blocks and 64-key tiles cut anywhere).
+    #[test]
+    fn bfloat16_kernel_is_sdpa_over_rounded_operands() -> Result<()> {
+        if !enabled() || !super::super::cpu_quant::amx_available() {
+            eprintln!("skipped: this CPU has no AMX-BF16");
+            return Ok(());
+        }
+        mlx_rs::random::seed(8)?;
+        let bf = |a: &Array| -> Result<Array> {
+            Ok(a.as_dtype(Dtype::Bfloat16)?.as_dtype(Dtype::Float32)?)
+        };
+        for (h, hkv, d, t, offset) in [
+            (14, 2, 64, 37, 0),
+            (14, 2, 64, 64, 64),
+            (9, 3, 64, 100, 131),
+            (4, 4, 128, 17, 250),
+            (12, 2, 128, 1, 5),
+            (12, 2, 128, 200, 70),
+            (2, 1, 32, 300, 1000),
+        ] {
+            let q = mlx_rs::random::normal::<f32>(&[1, h, t, d], None, None, None)?;
+            let k =
+                mlx_rs::random::normal::<f32>(&[1, hkv, offset as i32 + t, d], None, None, None)?;
+            let v =
+                mlx_rs::random::normal::<f32>(&[1, hkv, offset as i32 + t, d], None, None, None)?;
+            let scale = 2.0 / (d as f32).sqrt();
+            let got =
+                prefill_attention_with(&q, &k, &v, offset, scale, AttentionPrecision::Bfloat16)?;
+            let qs = bf(&ops::multiply(&q, Array::from_f32(scale))?)?;
+            let rounded = reference(&qs, &bf(&k)?, &bf(&v)?, offset, 1.0);
+            let exact = reference(&q, &k, &v, offset, scale);
+            let max = |a: &Array, b: &Array| -> Result<f32> {
+                Ok(ops::abs(&ops::subtract(a, b)?)?
+                    .max(None)?
+                    .item_exact::<f32>())
+            };
+            let (to_rounded, to_exact) = (max(&got, &rounded)?, max(&got, &exact)?);
+            let case = format!("(h {h}, kv {hkv}, d {d}, t {t}, offset {offset})");
+            assert!(
+                to_rounded < 2e-2,
+                "{case}: {to_rounded} from SDPA on rounded operands"
+            );
+            assert!(to_exact < 1e-1, "{case}: {to_exact} from float32 SDPA");
+            assert!(to_exact > 1e-5, "{case}: suspiciously exact ({to_exact})");
         }
         Ok(())
     }
