@@ -117,8 +117,12 @@ pub struct ServeArgs {
     plugins_poll_ms: u64,
     /// RAM prompt cache: KV of finished requests reused for the longest
     /// shared prefix of new prompts, capped at this many GiB (0 disables it).
-    #[arg(long, default_value_t = 1.0)]
-    prompt_cache: f64,
+    /// Default: 8 GiB (llama.cpp's `--cache-ram`) or a quarter of the memory
+    /// available at start, whichever is less, at least 1 GiB. An agent's
+    /// ~19k-token prompt holds ~1 GiB of KV on Qwen2.5-1.5B (float32), so
+    /// the old 1 GiB kept none of it.
+    #[arg(long)]
+    prompt_cache: Option<f64>,
     /// SSD cache directory: prompt-cache entries are written here (on RAM
     /// eviction, and once requests settle) and restored after restarts;
     /// created private to the user. Off when not given.
@@ -280,16 +284,24 @@ fn access_policy(args: &ServeArgs) -> anyhow::Result<server::access::AccessPolic
     })
 }
 
+/// `--prompt-cache`'s default, GiB: 8 or a quarter of `available` bytes,
+/// whichever is less, at least 1 (1 where available memory is unknown).
+fn default_prompt_cache_gib(available: Option<u64>) -> f64 {
+    let quarter = available.map_or(1.0, |b| b as f64 / (1u64 << 30) as f64 / 4.0);
+    quarter.clamp(1.0, 8.0)
+}
+
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.temp.is_nan() || args.temp < 0.0 {
         anyhow::bail!("--temp must be >= 0, got {}", args.temp);
     }
-    if !(args.prompt_cache >= 0.0 && args.prompt_cache.is_finite()) {
-        anyhow::bail!(
-            "--prompt-cache must be a size in GiB >= 0, got {}",
-            args.prompt_cache
-        );
-    }
+    let prompt_cache_gib = match args.prompt_cache {
+        Some(g) if !(g >= 0.0 && g.is_finite()) => {
+            anyhow::bail!("--prompt-cache must be a size in GiB >= 0, got {g}")
+        }
+        Some(g) => g,
+        None => default_prompt_cache_gib(mlxhost::runtime::available_memory_bytes()),
+    };
     if !(args.ssd_cache_max > 0.0 && args.ssd_cache_max.is_finite()) {
         anyhow::bail!(
             "--ssd-cache-max must be a size in GiB > 0, got {}",
@@ -413,7 +425,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(0.0) => MemoryBudget::Off,
         Some(g) => MemoryBudget::Bytes((g * (1u64 << 30) as f64) as u64),
         None => MemoryBudget::Auto {
-            keep: (args.prompt_cache * (1u64 << 30) as f64) as u64,
+            keep: (prompt_cache_gib * (1u64 << 30) as f64) as u64,
         },
     };
     let response_store = open_response_store(&args)?;
@@ -448,7 +460,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         ),
         drain: Duration::from_secs(args.shutdown_timeout),
         caches: CacheConfig {
-            prompt_cache_bytes: (args.prompt_cache * (1u64 << 30) as f64) as usize,
+            prompt_cache_bytes: (prompt_cache_gib * (1u64 << 30) as f64) as usize,
             ssd: args.ssd_cache.clone().map(|dir| SsdConfig {
                 dir,
                 max_bytes: (args.ssd_cache_max * (1u64 << 30) as f64) as u64,
@@ -523,4 +535,18 @@ fn open_response_store(
         anyhow::anyhow!("cannot open the response store {where_} (--ssd-cache): {e}")
     })?;
     Ok(Some(std::sync::Arc::new(store)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_prompt_cache_gib;
+
+    #[test]
+    fn prompt_cache_default_is_a_quarter_of_available_memory_within_1_and_8_gib() {
+        let gib = |g: u64| Some(g << 30);
+        assert_eq!(default_prompt_cache_gib(gib(20)), 5.0);
+        assert_eq!(default_prompt_cache_gib(gib(64)), 8.0);
+        assert_eq!(default_prompt_cache_gib(gib(2)), 1.0);
+        assert_eq!(default_prompt_cache_gib(None), 1.0);
+    }
 }
