@@ -31,11 +31,11 @@
 #include <vector>
 
 #if defined(__x86_64__) && defined(__linux__)
-#include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#define MLXHOST_AMX 1
 #endif
+
+#include "amx_tiles.h"
 
 #include "cpu_kernels.h"
 
@@ -49,15 +49,6 @@ constexpr int kTile = 16;
 // (weights) blocks 6 and 7.
 constexpr int kRowsPerBlock = 32; // x rows per accumulator block
 constexpr int kKPerStep = 32; // bfloat16 elements of K per tile product
-
-// `ldtilecfg`'s 64-byte operand (palette 1).
-struct TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
 
 // Linux hands AMX's 8 KB tile state to a process only on request
 // (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, kernel >= 5.16);
@@ -170,13 +161,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16"))) void am
     int Mp,
     int a,
     int b) {
-  TileConfig cfg{};
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; t++) {
-    cfg.rows[t] = kTile;
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
+  configure_tiles_16x64();
   const int tiles = (p.N + kTile - 1) / kTile;
   const size_t tbytes = size_t(p.K / p.group) * packed_group_bytes(BITS, p.group, F16);
   static thread_local std::vector<uint16_t> wbuf;

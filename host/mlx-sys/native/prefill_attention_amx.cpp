@@ -28,10 +28,7 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__x86_64__) && defined(__linux__)
-#include <immintrin.h>
-#define MLXHOST_AMX 1
-#endif
+#include "amx_tiles.h"
 
 #include "cpu_kernels.h"
 #include "simd_math.h"
@@ -44,15 +41,6 @@ namespace {
 constexpr int kTileRows = 16;
 constexpr int kKeys = 64; // keys per key tile: 4 score tiles, 2 product steps
 constexpr int kBlockQueries = 32; // queries per head in one task: 2 query tiles
-
-// `ldtilecfg`'s 64-byte operand (palette 1).
-struct TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
 
 // r[i] <- column i of the 16 x 16 matrix whose rows are r[0..16).
 __attribute__((target("avx512f"))) inline void transpose16(__m512 r[16]) {
@@ -141,13 +129,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16"))) void ru
     }
   }
 
-  TileConfig cfg{};
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; t++) {
-    cfg.rows[t] = kTileRows;
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
+  configure_tiles_16x64();
 
   const float* kg = a.k + g * a.ks1;
   const float* vg = a.v + g * a.vs1;
