@@ -11,6 +11,7 @@
 pub mod busy_threads;
 pub mod cache;
 pub mod census;
+pub mod device_memory;
 pub mod engine;
 pub mod logprobs;
 pub mod model;

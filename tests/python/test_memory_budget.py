@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from conftest import Server, chat
+from conftest import PLUGINS, Server, chat, run_binary
 
 # SmolLM2-135M keeps 46,080 B of KV a position (float32; 30 layers x 2 x 3 heads x 64). Two
 # short prompts (~40 tokens with the template) reserve ~12.8 MB each at admission (a 256-position
@@ -96,3 +96,34 @@ def test_a_lone_row_that_outgrows_the_budget_finishes_with_length():
         assert "outgrew the memory budget" in s.text()
     finally:
         s.stop()
+
+
+def test_memory_limit_bounds_mlx_and_holds_the_budget():
+    # --memory-limit sets MLX's limit, --memory-cache its buffer cache's cap; the admission budget
+    # is what the limit leaves once the weights, the cache cap and the prompt cache are out.
+    g = 2**30
+    s = Server("--memory-limit", "6", "--memory-cache", "0.5", "--prompt-cache", "1")
+    try:
+        with s.http() as h:
+            r = h.post("/v1/chat/completions", json={"messages": chat("Hi"), "max_tokens": 4})
+            assert r.status_code == 200, r.text
+            stats = h.get("/stats").json()
+            mem = stats["memory"]
+            assert mem["limit_bytes"] == 6 * g, mem
+            assert mem["cache_limit_bytes"] == g // 2, mem
+            assert mem["weights_bytes"] > 50_000_000, mem  # SmolLM2-135M's packed weights
+            assert mem["peak_bytes"] >= mem["active_bytes"] > 0, mem
+            budget = stats["batch"]["memory_budget_bytes"]
+            assert budget == 6 * g - mem["weights_bytes"] - g // 2 - g, (budget, mem)
+            metrics = h.get("/metrics").text
+            assert f'mlxhost_memory_bytes{{kind="limit"}} {6 * g}' in metrics
+    finally:
+        s.stop()
+
+
+def test_a_cache_larger_than_the_limit_fails_startup_naming_the_flag():
+    r = run_binary(
+        "serve", "--plugins", str(PLUGINS), "--memory-limit", "1", "--memory-cache", "2", timeout=120
+    )
+    assert r.returncode != 0
+    assert "--memory-cache" in r.stderr, r.stderr

@@ -150,6 +150,15 @@ pub enum MemoryBudget {
         /// Bytes left out of the budget.
         keep: u64,
     },
+    /// Inside MLX's memory limit (`--memory-limit`; on a GPU by default):
+    /// the limit less what MLX holds when the scheduler starts (the
+    /// weights), the buffer cache's cap and `keep` (the prompt cache's).
+    Device {
+        /// What [`crate::device_memory::MemoryLimits::apply`] set.
+        limits: crate::device_memory::MemoryLimits,
+        /// Bytes left out of the budget.
+        keep: u64,
+    },
 }
 
 impl MemoryBudget {
@@ -164,8 +173,23 @@ impl MemoryBudget {
             MemoryBudget::Off => None,
             MemoryBudget::Bytes(b) => Some(b),
             MemoryBudget::Auto { keep } => auto(keep),
+            MemoryBudget::Device { limits, keep } => Some(device_budget(
+                limits,
+                crate::device_memory::current().active_bytes,
+                keep,
+            )),
         }
     }
+}
+
+/// [`MemoryBudget::Device`]'s bytes: the limit less `active` (what MLX
+/// holds now), the cache's cap and `keep`; zero when those fill it.
+pub fn device_budget(limits: crate::device_memory::MemoryLimits, active: u64, keep: u64) -> u64 {
+    limits
+        .limit
+        .saturating_sub(active)
+        .saturating_sub(limits.cache_limit)
+        .saturating_sub(keep)
 }
 
 /// Formats bytes as GiB with two decimals, for messages.
@@ -188,6 +212,17 @@ mod tests {
             vocab: 49152,
             kv_elem_bytes: 4,
         }
+    }
+
+    #[test]
+    fn device_budget_is_the_limit_less_weights_cache_and_prompt_cache() {
+        let g = 1u64 << 30;
+        let limits = crate::device_memory::MemoryLimits {
+            limit: 72 * g,
+            cache_limit: 7 * g,
+        };
+        assert_eq!(device_budget(limits, 17 * g, g), 47 * g);
+        assert_eq!(device_budget(limits, 70 * g, g), 0);
     }
 
     #[test]

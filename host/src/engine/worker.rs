@@ -279,6 +279,9 @@ impl Engine {
         plugins.set_vocab(Arc::new(crate::plugin::VocabView::new(
             model.tokenizer.clone(),
         )));
+        // The model is loaded and nothing else allocated yet: what MLX
+        // holds now is its weights (a device budget is computed from it).
+        crate::device_memory::record_weights();
         let mut scheduler = Scheduler::new(schedule);
         match scheduler.memory_budget() {
             Some(b) => tracing::info!(

@@ -225,8 +225,9 @@ pub async fn health(State(app): State<Arc<AppState>>) -> Response {
 /// pipelines' (`output`: tool calls, invalid tool calls returned as
 /// content, parser failures), the response store's (`response_store`:
 /// entries, bytes, cap; null when off), the plugins (`plugins`: loaded,
-/// kept in their last good version after a failed reload, skipped) and the
-/// requests in flight.
+/// kept in their last good version after a failed reload, skipped), MLX's
+/// memory (`memory`: active, cache, peak and limit bytes, the cache's cap
+/// and the weights' share) and the requests in flight.
 pub async fn stats(State(app): State<Arc<AppState>>) -> Response {
     let cache = app.engine.prompt_cache_stats();
     let ssd = app.engine.ssd_stats.get().map(|h| h.stats());
@@ -236,6 +237,7 @@ pub async fn stats(State(app): State<Arc<AppState>>) -> Response {
         "batch": batch,
         "prompt_cache": cache,
         "ssd_cache": ssd,
+        "memory": crate::device_memory::report(),
         "output": app.output.json(),
         "response_store": app.response_store.as_ref().map(|s| s.stats()),
         "plugins": app.plugins.current().status_json(),

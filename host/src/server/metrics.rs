@@ -12,7 +12,7 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
@@ -180,6 +180,28 @@ impl Metrics {
             "batch_max_rows",
             "The batch size limit (--batch)",
             ConstGauge::new(snap.max_batch as i64),
+        );
+        let memory = Family::<Vec<(String, String)>, Gauge>::default();
+        let m = crate::device_memory::report();
+        for (kind, bytes) in [
+            ("active", Some(m.now.active_bytes)),
+            ("cache", Some(m.now.cache_bytes)),
+            ("peak", Some(m.now.peak_bytes)),
+            ("limit", Some(m.now.limit_bytes)),
+            ("cache_limit", m.cache_limit_bytes),
+            ("weights", m.weights_bytes),
+        ] {
+            if let Some(b) = bytes {
+                memory
+                    .get_or_create(&labeled([("kind", kind.to_string())]))
+                    .set(i64::try_from(b).unwrap_or(i64::MAX));
+            }
+        }
+        r.register(
+            "memory_bytes",
+            "MLX's memory by kind: active (weights, KV, activations), cache (freed buffers kept), \
+             peak, limit, cache_limit (--memory-limit, --memory-cache) and weights",
+            memory,
         );
         r.register(
             "engine_steps",
