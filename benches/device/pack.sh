@@ -22,8 +22,18 @@ cp "$WHEELS"/mlx-0.32.2-cp312-*.whl "$WHEELS"/mlx_lm-0.32.2-*.whl .gpu/a/
 (cd /usr/lib/x86_64-linux-gnu && tar czhf - libopenblas.so.0 libgfortran.so.5 libquadmath.so.0) > .gpu/a/libs.tgz
 strip -o .gpu/mlxhost target/release/mlxhost && gzip -1 -c .gpu/mlxhost > .gpu/b/mlxhost.gz && rm .gpu/mlxhost
 tar czf .gpu/b/plugins.tgz plugins/*/*.wasm
-split -n 2 "$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf" .gpu/gguf.
-mv .gpu/gguf.aa .gpu/c/; mv .gpu/gguf.ab .gpu/d/
+if [ "${NO_GGUF:-0}" = 1 ]; then
+  # Real-shape runs (benches/device/real_shapes.sh) need no GGUF; the binary goes alone in c.
+  mv .gpu/b/mlxhost.gz .gpu/c/
+else
+  split -n 2 "$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf" .gpu/gguf.
+  mv .gpu/gguf.aa .gpu/c/; mv .gpu/gguf.ab .gpu/d/
+fi
+# Tokenizer files for benches/make_real_shape.py (e.g. `mlxhost convert` of the Qwen2.5-Coder-0.5B
+# GGUF): TOKENIZER_DIR, packed as c/tok.tgz.
+if [ -n "${TOKENIZER_DIR:-}" ]; then
+  tar czf .gpu/c/tok.tgz -C "$TOKENIZER_DIR" $(cd "$TOKENIZER_DIR" && ls | grep -v -e '\.safetensors$' -e '^config\.json$')
+fi
 # Optional: MLX's and the CUDA driver's kernel caches brought back from an earlier run
 # (`tar czf - /tmp/mlx /root/.nv/ComputeCache` there): a cold start compiles for ~200 s.
 if [ -f "$CACHE/device-jit/jit.tgz" ]; then mkdir -p .gpu/e; cp "$CACHE/device-jit/jit.tgz" .gpu/e/; fi

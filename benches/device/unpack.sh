@@ -14,5 +14,7 @@ mkdir -p $G/lib && tar xzf $G/libs.tgz -C $G/lib
 gunzip -c $G/mlxhost.gz > $G/mlxhost && chmod +x $G/mlxhost
 tar xzf $G/plugins.tgz
 [ -f $G/jit.tgz ] && tar xzf $G/jit.tgz -C /
-mkdir -p $G/models && cat $G/gguf.aa $G/gguf.ab > $G/models/SmolLM2-135M-Instruct.Q4_1.gguf
+mkdir -p $G/models
+[ -f $G/gguf.aa ] && cat $G/gguf.aa $G/gguf.ab > $G/models/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f $G/tok.tgz ] && mkdir -p $G/tok && tar xzf $G/tok.tgz -C $G/tok
 echo "export MLXHOST_BIN=$G/mlxhost GGUF=$G/models/SmolLM2-135M-Instruct.Q4_1.gguf MLX_DIR=$G/models/SmolLM2-135M-Instruct-mlx LD_LIBRARY_PATH=$SITE/mlx/lib:$G/lib MLXHOST_CACHE=$G/cache"

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# On the GPU machine (issue 35), after benches/device/unpack.sh's environment is sourced: makes a
+# random-weight model at a published shape (benches/make_real_shape.py; SHAPE, default qwen3-8b,
+# tokenizer files from $TOK) and measures, on the same files in the same run:
+#   step   `mlxhost bench` and `mlx_lm.benchmark` at batch 1 and 8 (prompt 512, 128 tokens)
+#   memory `mlxhost serve` with its default limits (--memory-limit: 90% of the device, a tenth as
+#          buffer cache): /stats `memory` and nvidia-smi's used memory after warm-up and after
+#          16 concurrent requests; EXTRA_SERVE_ARGS are passed on
+# Usage: benches/device/real_shapes.sh step|memory|all   (OUT: where logs and JSON go)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BIN="${MLXHOST_BIN:?source the output of benches/device/unpack.sh first}"
+SHAPE="${SHAPE:-qwen3-8b}"
+DIR="${MODELS:-/tmp/g/models}/$SHAPE"
+OUT="${OUT:-${OUT_DIR:-/tmp}/real-shapes}"; mkdir -p "$OUT"
+[ -f "$DIR/model.safetensors" ] || python3 benches/make_real_shape.py "$SHAPE" "$DIR" "${TOK:-/tmp/g/tok}"
+used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
+echo "{\"shape\": \"$SHAPE\", \"gpu_used_mib_before\": $(used)}"
+if [ "${1:-all}" != memory ]; then
+  for b in 1 8; do
+    "$BIN" bench --model "$DIR" --prompt-tokens 512 --decode-tokens 128 --batch "$b" 2>"$OUT/bench-$b.log" | tail -1
+    python3 -m mlx_lm.benchmark --model "$DIR" --prompt-tokens 512 --generation-tokens 128 \
+      --num-trials 3 --batch-size "$b" 2>&1 | tail -4
+  done
+fi
+if [ "${1:-all}" != step ]; then
+  "$BIN" serve --model "$DIR" --plugins plugins --port 18080 ${EXTRA_SERVE_ARGS:-} 2>"$OUT/serve.log" &
+  PID=$!
+  trap 'kill $PID 2>/dev/null || true' EXIT
+  t0=$SECONDS
+  until curl -sf http://127.0.0.1:18080/health >/dev/null; do
+    kill -0 $PID 2>/dev/null || { tail -20 "$OUT/serve.log"; exit 1; }
+    sleep 1
+  done
+  echo "{\"ready_s\": $((SECONDS - t0)), \"gpu_used_mib\": $(used), \"after\": \"warm-up\"}"
+  curl -s http://127.0.0.1:18080/stats | python3 -c 'import json,sys; d=json.load(sys.stdin); print(json.dumps({"memory": d["memory"], "memory_budget_bytes": d["batch"]["memory_budget_bytes"]}))'
+  pids=()
+  for i in $(seq 16); do
+    curl -s http://127.0.0.1:18080/v1/completions -H 'content-type: application/json' \
+      -d "{\"prompt\": \"Request $i: write a long story about the sea.\", \"max_tokens\": 128}" >/dev/null &
+    pids+=($!)
+  done
+  wait "${pids[@]}" || true
+  echo "{\"gpu_used_mib\": $(used), \"after\": \"16 concurrent requests\"}"
+  curl -s http://127.0.0.1:18080/stats | python3 -c 'import json,sys; d=json.load(sys.stdin); print(json.dumps({"memory": d["memory"]}))'
+  grep -E "memory limits|memory_budget" "$OUT/serve.log" | head -3
+fi

@@ -1,0 +1,100 @@
+"""Makes an MLX model directory at a published model's shape with random 4-bit weights, for
+measuring speed and memory at real sizes (issue 35) where the real weights cannot be fetched.
+Built by mlx-lm 0.32.2's own model class, so both servers load the same files.
+
+Weights are `normal * 0.02` in bfloat16, quantized by `nn.quantize` (group 64, 4 bits, mlx-lm's
+default), saved with `mx.save_safetensors`; the tokenizer files are copied from a converted model
+with the same vocabulary (`mlxhost convert` of the Qwen2.5-Coder-0.5B GGUF for the Qwen shapes).
+Generation is lazy per layer and takes under a minute on a GPU even at 32B.
+
+Run (python3 with mlx and mlx-lm 0.32.2; on the GPU machine, see benches/device/real_shapes.sh):
+  python3 benches/make_real_shape.py qwen3-8b OUT_DIR TOKENIZER_DIR
+  python3 benches/make_real_shape.py --list
+"""
+import argparse
+import json
+import os
+import shutil
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map
+
+# Published configs (the model cards' config.json, fields mlx-lm reads).
+SHAPES = {
+    "qwen2.5-1.5b": {
+        "model_type": "qwen2", "hidden_size": 1536, "num_hidden_layers": 28,
+        "intermediate_size": 8960, "num_attention_heads": 12, "num_key_value_heads": 2,
+        "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "max_position_embeddings": 32768, "tie_word_embeddings": True,
+    },
+    "qwen3-8b": {
+        "model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36,
+        "intermediate_size": 12288, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960, "tie_word_embeddings": False,
+    },
+    "qwen2.5-32b": {
+        "model_type": "qwen2", "hidden_size": 5120, "num_hidden_layers": 64,
+        "intermediate_size": 27648, "num_attention_heads": 40, "num_key_value_heads": 8,
+        "vocab_size": 152064, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "max_position_embeddings": 32768, "tie_word_embeddings": False,
+    },
+    # For checking this script on a CPU in seconds.
+    "tiny": {
+        "model_type": "qwen2", "hidden_size": 128, "num_hidden_layers": 2,
+        "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "max_position_embeddings": 32768, "tie_word_embeddings": True,
+    },
+}
+
+
+def build(name, out, tokenizer_dir, seed=0):
+    import importlib
+
+    config = dict(SHAPES[name])
+    arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model = arch.Model(arch.ModelArgs.from_dict(config))
+    mx.random.seed(seed)
+    # Random bfloat16 weights, lazily: nothing is materialised before the save.
+    model.update(
+        tree_map(lambda p: (mx.random.normal(p.shape) * 0.02).astype(mx.bfloat16), model.parameters())
+    )
+    nn.quantize(model, group_size=64, bits=4)
+    os.makedirs(out, exist_ok=True)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(os.path.join(out, "model.safetensors"), weights, metadata={"format": "mlx"})
+    config["quantization"] = {"group_size": 64, "bits": 4}
+    config["torch_dtype"] = "bfloat16"
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    for f in os.listdir(tokenizer_dir):
+        if f.endswith(".safetensors") or f == "config.json" or f.endswith(".index.json"):
+            continue
+        src = os.path.join(tokenizer_dir, f)
+        if os.path.isfile(src):
+            shutil.copy(src, os.path.join(out, f))
+    size = os.path.getsize(os.path.join(out, "model.safetensors"))
+    print(json.dumps({"shape": name, "dir": out, "weights_bytes": size,
+                      "parameters": sum(v.size for v in weights.values())}))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("shape", nargs="?", choices=sorted(SHAPES))
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("tokenizer_dir", nargs="?", help="a converted model's directory (tokenizer files)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--list", action="store_true", help="print the shapes and exit")
+    a = ap.parse_args()
+    if a.list or not a.shape:
+        print(json.dumps(SHAPES, indent=1))
+        return
+    if not (a.out and a.tokenizer_dir):
+        ap.error("OUT and TOKENIZER_DIR are required")
+    build(a.shape, a.out, a.tokenizer_dir, a.seed)
+
+
+if __name__ == "__main__":
+    main()
