@@ -2,6 +2,8 @@
 its prefix (usage.prompt_tokens_details.cached_tokens, GET /stats), with the same output as a
 cold run (semantics.md's "same": logprobs within the float32 path's 0.1 nats, tokens equal)."""
 
+import re
+
 from conftest import Server
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant who knows geography and answers precisely."}
@@ -53,5 +55,23 @@ def test_a_zero_cap_disables_the_cache(tmp_path):
             assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
             stats = c.get("/stats").json()["prompt_cache"]
             assert stats["entries"] == 0 and stats["hits"] == 0
+    finally:
+        s.stop()
+
+
+def test_full_warm_up_meets_prompt_cache_hits_and_leaves_the_cache_empty():
+    # The GPU's warm-up plan (MLXHOST_WARMUP=full runs it on the CPU) ends with rows seeded from
+    # a warm-up-only cache: an exact repeat, an extension and a 26-token branch (issue 35: the
+    # first real hit once waited 36.6 s for kernels the warm-up had not met). The server's own
+    # cache and statistics start empty.
+    s = Server(env={"MLXHOST_WARMUP": "full"})
+    try:
+        m = re.search(r"warm-up done rows=(\d+) prompt_cache_hits=(\d+) reused_tokens=(\d+)", s.text())
+        assert m, s.text()
+        assert int(m.group(2)) == 3 and int(m.group(3)) > 26, m.group(0)
+        with s.http() as h:
+            stats = h.get("/stats").json()
+        assert stats["prompt_cache"]["entries"] == 0 and stats["prompt_cache"]["hits"] == 0, stats
+        assert stats["batch"]["steps"] == 0, stats["batch"]
     finally:
         s.stop()

@@ -12,8 +12,13 @@
 //! staggered `max_tokens` leave the batch one per step), prefill pieces of
 //! the scheduler's sizes (a full `--prefill-budget` piece and odd
 //! remainders), greedy and sampled rows (top-p, top-k, min-p), and
-//! `top_logprobs`. On the CPU backend nothing is compiled at run time, so
-//! two short requests suffice and start-up stays fast.
+//! `top_logprobs`, then prompt-cache hits: rows seeded from a warm-up-only
+//! cache holding the first rows' KV (an exact repeat, a prompt extending a
+//! cached one, and one sharing only part of one, which trims the cached KV
+//! and continues). The first request to hit the RAM cache after ready once
+//! waited 36.6 s on an H100 for kernels the first rows never met (issue
+//! 35). On the CPU backend nothing is compiled at run time, so two short
+//! requests suffice and start-up stays fast.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -21,6 +26,9 @@ use std::rc::Rc;
 use super::request::{GenerateError, GenerateEvent, GenerateRequest, GenerateSummary};
 use super::scheduler::{ChainSource, Pending, Scheduler};
 use super::sequence::SequenceSink;
+use crate::cache::prompt::ReuseSource;
+use crate::cache::tiers::PrefixCache;
+use crate::cache::PromptCache;
 use crate::model::LoadedModel;
 use crate::plugin::{PluginHost, SamplingParams};
 use std::sync::Arc;
@@ -33,6 +41,54 @@ struct WarmRow {
     max_tokens: usize,
     sampled: bool,
     top_logprobs: usize,
+    /// Where the prompt's text starts in the warm-up text's cycle of ids
+    /// (the cache-hit rows' tails differ from the cached prompts here).
+    text_offset: usize,
+    /// The cache-hit rows: this many first tokens are the first phase's
+    /// row `.0`'s prompt (then the prompt goes on from `text_offset`).
+    shared: Option<(usize, usize)>,
+}
+
+impl WarmRow {
+    fn fresh(prompt_tokens: usize, max_tokens: usize, sampled: bool, top_logprobs: usize) -> Self {
+        WarmRow {
+            prompt_tokens,
+            max_tokens,
+            sampled,
+            top_logprobs,
+            text_offset: 0,
+            shared: None,
+        }
+    }
+}
+
+/// The second phase (GPU plan): rows hitting the prompt cache the first
+/// phase's `rows` filled: an exact repeat of row 1, row 1's prompt plus 20
+/// tokens, and the first 26 tokens of row 0 (longer) plus 20 others (the
+/// cached KV trimmed, then continued; the case that stalled). Greedy, and
+/// one sampled. Prompts stay within `cap` tokens.
+fn cache_hit_plan(rows: &[WarmRow], cap: usize) -> Vec<WarmRow> {
+    let mut out = Vec::new();
+    let mut hit = |src: usize, shared: usize, extra: usize, sampled: bool| {
+        let prompt_tokens = (shared + extra).min(cap);
+        out.push(WarmRow {
+            prompt_tokens,
+            max_tokens: 2,
+            sampled,
+            top_logprobs: 0,
+            text_offset: 3,
+            shared: Some((src, shared.min(prompt_tokens))),
+        });
+    };
+    if let Some(r) = rows.get(1).or(rows.first()) {
+        let src = usize::from(rows.len() > 1);
+        hit(src, r.prompt_tokens, 0, false);
+        hit(src, r.prompt_tokens, 20, true);
+    }
+    if let Some(r) = rows.first() {
+        hit(0, r.prompt_tokens.min(26), 20, false);
+    }
+    out
 }
 
 /// The rows to run. `gpu`: the backend compiles kernels at run time;
@@ -41,18 +97,8 @@ struct WarmRow {
 fn plan(gpu: bool, max_batch: usize, prefill_budget: usize, context: usize) -> Vec<WarmRow> {
     if !gpu {
         return vec![
-            WarmRow {
-                prompt_tokens: 1,
-                max_tokens: 2,
-                sampled: false,
-                top_logprobs: 0,
-            },
-            WarmRow {
-                prompt_tokens: 7,
-                max_tokens: 2,
-                sampled: false,
-                top_logprobs: 0,
-            },
+            WarmRow::fresh(1, 2, false, 0),
+            WarmRow::fresh(7, 2, false, 0),
         ];
     }
     let rows = max_batch.max(1);
@@ -68,14 +114,14 @@ fn plan(gpu: bool, max_batch: usize, prefill_budget: usize, context: usize) -> V
             } else {
                 1 + (i * 37) % budget
             };
-            WarmRow {
-                prompt_tokens: prompt_tokens.min(cap),
-                // Row i leaves after i + 2 tokens: the batch shrinks from
-                // `rows` to 1 one row per step, so every batch size runs.
-                max_tokens: i + 2,
-                sampled: i % 2 == 1,
-                top_logprobs: if i % 4 == 2 { 5 } else { 0 },
-            }
+            // Row i leaves after i + 2 tokens: the batch shrinks from
+            // `rows` to 1 one row per step, so every batch size runs.
+            WarmRow::fresh(
+                prompt_tokens.min(cap),
+                i + 2,
+                i % 2 == 1,
+                if i % 4 == 2 { 5 } else { 0 },
+            )
         })
         .collect()
 }
@@ -84,6 +130,15 @@ fn plan(gpu: bool, max_batch: usize, prefill_budget: usize, context: usize) -> V
 /// `MLXHOST_WARMUP=full` asks for it (to try the GPU's plan on the CPU).
 pub fn full_warm_up() -> bool {
     crate::runtime::gpu_available() || std::env::var("MLXHOST_WARMUP").is_ok_and(|v| v == "full")
+}
+
+/// What the warm-up ran: rows, and of the cache-hit rows how many were
+/// seeded from the warm-up cache and with how many tokens (for the log).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WarmReport {
+    pub rows: usize,
+    pub cache_hits: usize,
+    pub reused_tokens: usize,
 }
 
 /// Runs the warm-up through `scheduler` with `sampler` from `plugins`;
@@ -95,7 +150,7 @@ pub fn warm_up(
     sampler: &str,
     scheduler: &mut Scheduler<'static>,
     gpu: bool,
-) -> Result<(), String> {
+) -> Result<WarmReport, String> {
     let config = scheduler.config();
     let context = model.model.config().max_position_embeddings;
     let rows = plan(gpu, config.max_batch, config.prefill_budget, context);
@@ -107,14 +162,87 @@ pub fn warm_up(
     if text_ids.is_empty() {
         return Err("the tokenizer encoded the warm-up text to no tokens".into());
     }
+    let prompts: Vec<Vec<u32>> = rows.iter().map(|r| prompt_ids(&text_ids, r, &[])).collect();
+    let mut report = WarmReport {
+        rows: rows.len(),
+        ..Default::default()
+    };
+    if !gpu {
+        run_rows(model, plugins, sampler, scheduler, &rows, &prompts, None)?;
+        scheduler.reset_stats();
+        return Ok(report);
+    }
+    // A cache of the warm-up's own, dropped afterwards: the server's cache
+    // starts empty and its statistics count requests only.
+    let mut cache = PrefixCache::new(PromptCache::new(1 << 30), None);
+    run_rows(
+        model,
+        plugins,
+        sampler,
+        scheduler,
+        &rows,
+        &prompts,
+        Some(&mut cache),
+    )?;
+    let cap = context.saturating_sub(8).max(1);
+    let hits = cache_hit_plan(&rows, cap);
+    let hit_prompts: Vec<Vec<u32>> = hits
+        .iter()
+        .map(|r| {
+            let base = r.shared.map_or(&[][..], |(src, n)| &prompts[src][..n]);
+            prompt_ids(&text_ids, r, base)
+        })
+        .collect();
+    let before = scheduler.stats().recent.last().map_or(0, |r| r.row + 1);
+    run_rows(
+        model,
+        plugins,
+        sampler,
+        scheduler,
+        &hits,
+        &hit_prompts,
+        Some(&mut cache),
+    )?;
+    for r in scheduler.stats().recent.iter().filter(|r| r.row >= before) {
+        if r.reused_from != ReuseSource::None {
+            report.cache_hits += 1;
+            report.reused_tokens += r.reused_tokens;
+        }
+    }
+    report.rows += hits.len();
+    scheduler.reset_stats();
+    Ok(report)
+}
+
+/// `row`'s prompt: `base`, then the warm-up text's ids from
+/// `row.text_offset` on, to `row.prompt_tokens` in all.
+fn prompt_ids(text_ids: &[u32], row: &WarmRow, base: &[u32]) -> Vec<u32> {
+    let rest = row.prompt_tokens.saturating_sub(base.len());
+    base.iter()
+        .copied()
+        .chain(
+            text_ids
+                .iter()
+                .copied()
+                .cycle()
+                .skip(row.text_offset)
+                .take(rest),
+        )
+        .collect()
+}
+
+/// Submits `rows` (with their `prompts`) and steps until all finished.
+fn run_rows(
+    model: &LoadedModel,
+    plugins: &Arc<PluginHost>,
+    sampler: &str,
+    scheduler: &mut Scheduler<'static>,
+    rows: &[WarmRow],
+    prompts: &[Vec<u32>],
+    mut cache: Option<&mut PrefixCache>,
+) -> Result<(), String> {
     let results: Rc<RefCell<Vec<Result<GenerateSummary, GenerateError>>>> = Rc::default();
-    for (i, row) in rows.iter().enumerate() {
-        let prompt_ids: Vec<u32> = text_ids
-            .iter()
-            .copied()
-            .cycle()
-            .take(row.prompt_tokens)
-            .collect();
+    for (i, (row, prompt_ids)) in rows.iter().zip(prompts).enumerate() {
         let params = if row.sampled {
             SamplingParams {
                 temperature: 0.7,
@@ -132,7 +260,7 @@ pub fn warm_up(
         };
         scheduler.submit(Pending {
             request: GenerateRequest {
-                prompt_ids,
+                prompt_ids: prompt_ids.clone(),
                 max_tokens: row.max_tokens,
                 stop: Vec::new(),
                 keep_special: false,
@@ -148,9 +276,8 @@ pub fn warm_up(
         });
     }
     while !scheduler.is_idle() {
-        scheduler.step(model, None);
+        scheduler.step(model, cache.as_deref_mut());
     }
-    scheduler.reset_stats();
     let results = std::mem::take(&mut *results.borrow_mut());
     for r in results {
         r.map_err(|e| e.to_string())?;
@@ -195,6 +322,30 @@ mod tests {
         assert!(rows.iter().any(|r| r.sampled) && rows.iter().any(|r| !r.sampled));
         assert!(rows.iter().any(|r| r.top_logprobs > 0));
         assert!(rows.iter().all(|r| r.prompt_tokens >= 1));
+    }
+
+    #[test]
+    fn cache_hit_rows_repeat_extend_and_branch_from_the_first_rows() {
+        let rows = plan(true, 16, 256, 8192);
+        let hits = cache_hit_plan(&rows, 8184);
+        let r1 = rows[1].prompt_tokens;
+        assert_eq!(hits.len(), 3);
+        // An exact repeat of row 1, row 1 extended by 20, and a 26-token
+        // branch of row 0 continued by 20 others.
+        assert_eq!((hits[0].shared, hits[0].prompt_tokens), (Some((1, r1)), r1));
+        assert_eq!(
+            (hits[1].shared, hits[1].prompt_tokens),
+            (Some((1, r1)), r1 + 20)
+        );
+        assert_eq!((hits[2].shared, hits[2].prompt_tokens), (Some((0, 26)), 46));
+        assert!(hits.iter().any(|h| h.sampled));
+        // The branch's tail differs from row 0's own continuation.
+        let text: Vec<u32> = (0..13).collect();
+        let base = prompt_ids(&text, &rows[0], &[]);
+        let branch = prompt_ids(&text, &hits[2], &base[..26]);
+        assert_eq!(branch.len(), 46);
+        assert_eq!(&branch[..26], &base[..26]);
+        assert_ne!(&branch[26..], &base[26..46]);
     }
 
     #[test]

@@ -292,15 +292,23 @@ impl Engine {
                 tracing::info!("no memory budget: requests are admitted without a memory check")
             }
         }
-        if let Err(e) = super::warmup::warm_up(
+        match super::warmup::warm_up(
             &model,
             &plugins.current(),
             warmup_sampler,
             &mut scheduler,
             super::warmup::full_warm_up(),
         ) {
-            let _ = ready.send(Err(format!("warm-up generation failed: {e}")));
-            return None;
+            Ok(w) => tracing::info!(
+                rows = w.rows,
+                prompt_cache_hits = w.cache_hits,
+                reused_tokens = w.reused_tokens,
+                "warm-up done"
+            ),
+            Err(e) => {
+                let _ = ready.send(Err(format!("warm-up generation failed: {e}")));
+                return None;
+            }
         }
         // MLX's CUDA completion worker exists now (and busy-waits): keep it
         // off this thread's core before requests are served.
