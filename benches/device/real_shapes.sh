@@ -42,6 +42,12 @@ if [ "${1:-all}" != step ]; then
   done
   wait "${pids[@]}" || true
   echo "{\"gpu_used_mib\": $(used), \"after\": \"16 concurrent requests\"}"
+  # The first prompt-cache hit after ready (request 1's prompt, extended): seconds to the answer.
+  hit=$(curl -s -o /dev/null -w '%{time_total}' http://127.0.0.1:18080/v1/completions \
+    -H 'content-type: application/json' \
+    -d '{"prompt": "Request 1: write a long story about the sea. And then", "max_tokens": 1}')
+  echo "{\"first_cache_hit_s\": $hit}"
+  grep -E "warm-up done" "$OUT/serve.log" | tail -1
   curl -s http://127.0.0.1:18080/stats | python3 -c 'import json,sys; d=json.load(sys.stdin); print(json.dumps({"memory": d["memory"]}))'
   grep -E "memory limits|memory_budget" "$OUT/serve.log" | head -3
 fi

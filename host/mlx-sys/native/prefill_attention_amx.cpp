@@ -16,9 +16,12 @@
 // (rows of D, converted to bfloat16), P^T becomes the B operand by
 // interleaving two keys' rows; only V is transposed, once per key tile.
 //
-// Numerics: q (scaled), k, v and the probabilities are rounded to bfloat16
-// (relative error <= 2^-9 each); scores, the softmax and the output sums
-// are float32. Used where the prefill products are bfloat16 too
+// Numerics: q (scaled) and k are each split into two bfloat16 parts (hi +
+// lo, ~16 significant bits) and the scores summed from three products
+// (hi hi, hi lo, lo hi): with q and k rounded to one bfloat16 each, Gemma
+// 3's scores moved logprobs by ~5e-3 nats against the float32 decode path.
+// v and the probabilities are rounded to bfloat16 (relative error <= 2^-9
+// each; they only weight an average); the softmax and the sums are float32. Used where the prefill products are bfloat16 too
 // (`prefill_products`: GGUF K-quants, whose reference llama.cpp rounds
 // activations to int8).
 
@@ -72,12 +75,28 @@ __attribute__((target("avx512f"))) inline void transpose16(__m512 r[16]) {
   }
 }
 
+// 32 floats (a, then b) as bfloat16 pairs hi + lo: hi = bf16(x), lo =
+// bf16(x - hi), so hi + lo carries ~16 significant bits.
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void split_bf16(
+    __m512 a,
+    __m512 b,
+    __m512i& hi,
+    __m512i& lo) {
+  hi = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+  // bfloat16 -> float32 is a 16-bit shift left.
+  const __m512 a_hi = _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
+  const __m512 b_hi = _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
+  lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, b_hi), _mm512_sub_ps(a, a_hi));
+}
+
 // Per-thread buffers of one task (kept between calls).
 struct Scratch {
-  std::vector<uint16_t> qb; // per query tile: Q^T as B, [D / 2][16 x 2]
+  std::vector<uint16_t> qb, qb_lo; // per query tile: Q^T as B, [D / 2][16 x 2]
   std::vector<float> ot; // per query tile: O^T, [D][16]
   std::vector<float> m, l; // per query tile: running max and sum, [16]
-  std::vector<uint16_t> kb; // keys as A: [64][D]
+  std::vector<uint16_t> kb, kb_lo; // keys as A: [64][D]
   std::vector<uint16_t> vt; // V^T as A: [D][64]
   std::vector<float> st; // scores, then probabilities, of one query tile: [64][16]
   std::vector<uint16_t> pb; // P^T as B: [32][16 x 2]
@@ -97,10 +116,12 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16"))) void ru
   const int qtiles = group * qtiles_per_head;
   static thread_local Scratch s;
   s.qb.assign(size_t(qtiles) * D * kTileRows, 0);
+  s.qb_lo.assign(size_t(qtiles) * D * kTileRows, 0);
   s.ot.assign(size_t(qtiles) * D * kTileRows, 0.0f);
   s.m.assign(size_t(qtiles) * kTileRows, -INFINITY);
   s.l.assign(size_t(qtiles) * kTileRows, 0.0f);
   s.kb.resize(size_t(kKeys) * D);
+  s.kb_lo.resize(size_t(kKeys) * D);
   s.vt.resize(size_t(D) * kKeys);
   s.st.resize(size_t(kKeys) * kTileRows);
   s.pb.resize(size_t(kKeys) * kTileRows);
@@ -108,10 +129,12 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16"))) void ru
   // Q^T as the B operand: qb[dp * 32 + 2 q + j] = bf16(scale * q[2 dp + j]),
   // i.e. the 32-bit word dp of query q's bfloat16 row goes to word
   // dp * 16 + q.
-  std::vector<uint16_t> row(D);
+  // Both halves of the split (`split_bf16`) are laid out so.
+  std::vector<uint16_t> row(D), row_lo(D);
   for (int qt = 0; qt < qtiles; qt++) {
     const int h = g * group + qt / qtiles_per_head;
     uint32_t* dst = reinterpret_cast<uint32_t*>(s.qb.data() + size_t(qt) * D * kTileRows);
+    uint32_t* dst_lo = reinterpret_cast<uint32_t*>(s.qb_lo.data() + size_t(qt) * D * kTileRows);
     const __m512 scale = _mm512_set1_ps(a.scale);
     for (int q = 0; q < kTileRows; q++) {
       const int i = i0 + (qt % qtiles_per_head) * kTileRows + q;
@@ -119,13 +142,21 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16"))) void ru
         break;
       const float* src = a.q + h * a.qs1 + int64_t(i) * a.qs2;
       for (int d = 0; d < D; d += 32) {
-        const __m512 lo = _mm512_mul_ps(scale, _mm512_loadu_ps(src + d));
-        const __m512 hi = _mm512_mul_ps(scale, _mm512_loadu_ps(src + d + 16));
-        _mm512_storeu_si512(row.data() + d, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        __m512i hi, lo;
+        split_bf16(
+            _mm512_mul_ps(scale, _mm512_loadu_ps(src + d)),
+            _mm512_mul_ps(scale, _mm512_loadu_ps(src + d + 16)),
+            hi,
+            lo);
+        _mm512_storeu_si512(row.data() + d, hi);
+        _mm512_storeu_si512(row_lo.data() + d, lo);
       }
       const uint32_t* words = reinterpret_cast<const uint32_t*>(row.data());
-      for (int dp = 0; dp < D / 2; dp++)
+      const uint32_t* words_lo = reinterpret_cast<const uint32_t*>(row_lo.data());
+      for (int dp = 0; dp < D / 2; dp++) {
         dst[dp * kTileRows + q] = words[dp];
+        dst_lo[dp * kTileRows + q] = words_lo[dp];
+      }
     }
   }
 
@@ -141,18 +172,21 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16"))) void ru
       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   for (int j0 = 0; j0 < end; j0 += kKeys) {
     const int keys = std::min(kKeys, end - j0);
-    // Keys as bfloat16 rows (zero past `keys`).
+    // Keys as split bfloat16 rows (zero past `keys`).
     for (int j = 0; j < kKeys; j++) {
       uint16_t* dst = s.kb.data() + size_t(j) * D;
+      uint16_t* dst_lo = s.kb_lo.data() + size_t(j) * D;
       if (j >= keys) {
         std::memset(dst, 0, sizeof(uint16_t) * D);
+        std::memset(dst_lo, 0, sizeof(uint16_t) * D);
         continue;
       }
       const float* src = kg + int64_t(j0 + j) * a.ks2;
       for (int d = 0; d < D; d += 32) {
-        const __m512 lo = _mm512_loadu_ps(src + d);
-        const __m512 hi = _mm512_loadu_ps(src + d + 16);
-        _mm512_storeu_si512(dst + d, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        __m512i hi, lo;
+        split_bf16(_mm512_loadu_ps(src + d), _mm512_loadu_ps(src + d + 16), hi, lo);
+        _mm512_storeu_si512(dst + d, hi);
+        _mm512_storeu_si512(dst_lo + d, lo);
       }
     }
     // V^T: vt[d * 64 + j] = bf16(v[j0 + j][d]), 16 x 16 blocks.
@@ -173,24 +207,31 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16"))) void ru
       const int qpos0 = a.offset + i0 + (qt % qtiles_per_head) * kTileRows;
       if (j0 > qpos0 + kTileRows - 1)
         continue; // every key of the tile is in these queries' future
-      // S^T = K Q^T: C0..C3 = keys 0-15, 16-31, 32-47, 48-63 x 16 queries.
+      // S^T = K Q^T: C0..C3 = keys 0-15, 16-31, 32-47, 48-63 x 16 queries,
+      // as k_hi q_hi + k_hi q_lo + k_lo q_hi (the lo x lo term is below
+      // float32's resolution of the sum).
       const uint16_t* qb = s.qb.data() + size_t(qt) * D * kTileRows;
+      const uint16_t* qb_lo = s.qb_lo.data() + size_t(qt) * D * kTileRows;
       _tile_zero(0);
       _tile_zero(1);
       _tile_zero(2);
       _tile_zero(3);
       const size_t kstride = size_t(D) * sizeof(uint16_t);
+#define MLXHOST_SCORES(C, row)                                              \
+  _tile_loadd(4, s.kb.data() + size_t(row) * D + d0, kstride);              \
+  _tile_dpbf16ps(C, 4, 5);                                                  \
+  _tile_dpbf16ps(C, 4, 7);                                                  \
+  _tile_loadd(6, s.kb_lo.data() + size_t(row) * D + d0, kstride);           \
+  _tile_dpbf16ps(C, 6, 5);
       for (int d0 = 0; d0 < D; d0 += 32) {
         _tile_loadd(5, qb + size_t(d0) * kTileRows, 64);
-        _tile_loadd(4, s.kb.data() + d0, kstride);
-        _tile_dpbf16ps(0, 4, 5);
-        _tile_loadd(6, s.kb.data() + size_t(16) * D + d0, kstride);
-        _tile_dpbf16ps(1, 6, 5);
-        _tile_loadd(4, s.kb.data() + size_t(32) * D + d0, kstride);
-        _tile_dpbf16ps(2, 4, 5);
-        _tile_loadd(6, s.kb.data() + size_t(48) * D + d0, kstride);
-        _tile_dpbf16ps(3, 6, 5);
+        _tile_loadd(7, qb_lo + size_t(d0) * kTileRows, 64);
+        MLXHOST_SCORES(0, 0)
+        MLXHOST_SCORES(1, 16)
+        MLXHOST_SCORES(2, 32)
+        MLXHOST_SCORES(3, 48)
       }
+#undef MLXHOST_SCORES
       float* st = s.st.data();
       _tile_stored(0, st, 64);
       _tile_stored(1, st + 16 * 16, 64);
