@@ -11,7 +11,8 @@
 //! Sources: `mlx_set_memory_limit`, `mlx_set_cache_limit`,
 //! `mlx_set_wired_limit` (Metal) and `mlx_get_*_memory` of mlx-c's
 //! `memory.h`; the device's size from `mlx_device_info` (`memory_size` on
-//! Metal and CUDA builds of MLX 0.32; `total_memory` is also tried).
+//! Metal; `total_memory` on MLX 0.32's CUDA build, whose keys are
+//! `total_memory`, `free_memory`, `device_name`, `architecture`, ...).
 
 use std::ffi::CString;
 use std::sync::OnceLock;
@@ -167,7 +168,7 @@ pub fn current() -> MemoryUse {
 }
 
 /// The GPU's memory size in bytes, where MLX has a GPU backend and reports
-/// it (`memory_size`, else `total_memory`).
+/// it (`memory_size` on Metal, `total_memory` on CUDA).
 pub fn device_bytes() -> Option<u64> {
     if !crate::runtime::gpu_available() {
         return None;
