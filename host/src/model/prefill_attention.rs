@@ -148,6 +148,30 @@ mod tests {
             .unwrap()
     }
 
+    /// (H, H_kv, D, T, offset): grouped heads, D 16 to 128, chunks that are
+    /// and are not multiples of the query blocks (16, 32) and 64-key tiles,
+    /// offsets inside and at the edge of a tile, and a first chunk.
+    const CASES: &[(i32, i32, i32, i32, usize)] = &[
+        (14, 2, 64, 37, 0),
+        (14, 2, 64, 64, 64),
+        (9, 3, 64, 100, 131),
+        (4, 4, 128, 17, 250),
+        (12, 2, 128, 1, 5),
+        (12, 2, 128, 200, 70),
+        (2, 1, 16, 300, 1000),
+        (2, 1, 32, 300, 1000),
+    ];
+
+    /// Random q `[1, H, T, D]` and keys and values `[1, H_kv, offset + T, D]`.
+    fn operands(h: i32, hkv: i32, d: i32, t: i32, offset: usize) -> Result<(Array, Array, Array)> {
+        let kv = [1, hkv, offset as i32 + t, d];
+        Ok((
+            mlx_rs::random::normal::<f32>(&[1, h, t, d], None, None, None)?,
+            mlx_rs::random::normal::<f32>(&kv, None, None, None)?,
+            mlx_rs::random::normal::<f32>(&kv, None, None, None)?,
+        ))
+    }
+
     #[test]
     fn matches_mlx_sdpa_across_offsets_heads_and_tiles() -> Result<()> {
         if !enabled() {
@@ -155,22 +179,8 @@ mod tests {
             return Ok(());
         }
         mlx_rs::random::seed(7)?;
-        // (H, H_kv, D, T, offset): grouped heads, D 64 and 128, chunks that
-        // are and are not multiples of the 16-query and 64-key tiles,
-        // offsets inside and at the edge of a tile, and a first chunk.
-        for (h, hkv, d, t, offset) in [
-            (14, 2, 64, 37, 0),
-            (14, 2, 64, 64, 64),
-            (9, 3, 64, 100, 131),
-            (4, 4, 128, 17, 250),
-            (12, 2, 128, 1, 5),
-            (2, 1, 16, 300, 1000),
-        ] {
-            let q = mlx_rs::random::normal::<f32>(&[1, h, t, d], None, None, None)?;
-            let k =
-                mlx_rs::random::normal::<f32>(&[1, hkv, offset as i32 + t, d], None, None, None)?;
-            let v =
-                mlx_rs::random::normal::<f32>(&[1, hkv, offset as i32 + t, d], None, None, None)?;
+        for &(h, hkv, d, t, offset) in CASES {
+            let (q, k, v) = operands(h, hkv, d, t, offset)?;
             // Large scores test the running max's rescaling.
             let scale = 2.0 / (d as f32).sqrt();
             let got =
@@ -201,20 +211,9 @@ mod tests {
         let bf = |a: &Array| -> Result<Array> {
             Ok(a.as_dtype(Dtype::Bfloat16)?.as_dtype(Dtype::Float32)?)
         };
-        for (h, hkv, d, t, offset) in [
-            (14, 2, 64, 37, 0),
-            (14, 2, 64, 64, 64),
-            (9, 3, 64, 100, 131),
-            (4, 4, 128, 17, 250),
-            (12, 2, 128, 1, 5),
-            (12, 2, 128, 200, 70),
-            (2, 1, 32, 300, 1000),
-        ] {
-            let q = mlx_rs::random::normal::<f32>(&[1, h, t, d], None, None, None)?;
-            let k =
-                mlx_rs::random::normal::<f32>(&[1, hkv, offset as i32 + t, d], None, None, None)?;
-            let v =
-                mlx_rs::random::normal::<f32>(&[1, hkv, offset as i32 + t, d], None, None, None)?;
+        // The AMX kernel takes D a multiple of 32 (others run in float32).
+        for &(h, hkv, d, t, offset) in CASES.iter().filter(|c| c.2 % 32 == 0) {
+            let (q, k, v) = operands(h, hkv, d, t, offset)?;
             let scale = 2.0 / (d as f32).sqrt();
             let got =
                 prefill_attention_with(&q, &k, &v, offset, scale, AttentionPrecision::Bfloat16)?;
