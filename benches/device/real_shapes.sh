@@ -4,8 +4,9 @@
 # tokenizer files from $TOK) and measures, on the same files in the same run:
 #   step   `mlxhost bench` and `mlx_lm.benchmark` at batch 1 and 8 (prompt 512, 128 tokens)
 #   memory `mlxhost serve` with its default limits (--memory-limit: 90% of the device, a tenth as
-#          buffer cache): /stats `memory` and nvidia-smi's used memory after warm-up and after
-#          16 concurrent requests; EXTRA_SERVE_ARGS are passed on
+#          buffer cache): /stats `memory` and nvidia-smi's used memory after warm-up, the first
+#          50 requests' TTFT against warm (benches/first_requests.py), memory after 16
+#          concurrent requests, the first prompt-cache hit; EXTRA_SERVE_ARGS are passed on
 # Usage: benches/device/real_shapes.sh step|memory|all   (OUT: where logs and JSON go)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -34,6 +35,8 @@ if [ "${1:-all}" != step ]; then
   done
   echo "{\"ready_s\": $((SECONDS - t0)), \"gpu_used_mib\": $(used), \"after\": \"warm-up\"}"
   curl -s http://127.0.0.1:18080/stats | python3 -c 'import json,sys; d=json.load(sys.stdin); print(json.dumps({"memory": d["memory"], "memory_budget_bytes": d["batch"]["memory_budget_bytes"]}))'
+  # The first 50 requests after ready, of mixed kinds, against the same kinds warm.
+  python3 benches/first_requests.py http://127.0.0.1:18080
   pids=()
   for i in $(seq 16); do
     curl -s http://127.0.0.1:18080/v1/completions -H 'content-type: application/json' \
