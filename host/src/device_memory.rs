@@ -34,8 +34,8 @@ pub struct MemoryLimits {
 impl MemoryLimits {
     /// The defaults: on a GPU, 90% of the device's memory (vLLM's
     /// `--gpu-memory-utilization`) and a buffer cache of 10% of that; on
-    /// the CPU backend none (`None`: MLX's own defaults; its CPU allocator
-    /// keeps no cache). `limit_gib` / `cache_gib` override either part.
+    /// the CPU backend none (`None`: MLX's own defaults, an unbounded
+    /// cache). `limit_gib` / `cache_gib` override either part.
     ///
     /// Errors: a size that is negative or not finite, or a cache larger
     /// than the limit (the message names the flag).
@@ -45,15 +45,14 @@ impl MemoryLimits {
         gpu: bool,
         device_bytes: Option<u64>,
     ) -> Result<Option<MemoryLimits>, String> {
-        let bytes = |flag: &str, g: f64| -> Result<u64, String> {
-            if g.is_finite() && g > 0.0 {
-                Ok((g * GIB) as u64)
-            } else {
-                Err(format!("{flag} must be a size in GiB > 0, got {g}"))
-            }
-        };
         let limit = match limit_gib {
-            Some(g) => Some(bytes("--memory-limit", g)?),
+            // At least 1 MiB: smaller sizes round to nothing.
+            Some(g) if !(g.is_finite() && g * GIB >= (1u64 << 20) as f64) => {
+                return Err(format!(
+                    "--memory-limit must be a size in GiB of at least 1 MiB, got {g}"
+                ))
+            }
+            Some(g) => Some((g * GIB) as u64),
             None if gpu => device_bytes.map(|d| (d as f64 * 0.9) as u64),
             None => None,
         };
@@ -68,7 +67,13 @@ impl MemoryLimits {
             };
         };
         let cache_limit = match cache_gib {
-            Some(g) => bytes("--memory-cache", g)?,
+            Some(g) if !(g.is_finite() && g >= 0.0) => {
+                return Err(format!(
+                    "--memory-cache must be a size in GiB >= 0, got {g}"
+                ))
+            }
+            // 0: MLX keeps no freed buffers.
+            Some(g) => (g * GIB) as u64,
             None => limit / 10,
         };
         if cache_limit > limit {
@@ -232,6 +237,13 @@ mod tests {
         assert!(e.contains("--memory-cache"), "{e}");
         let e = MemoryLimits::resolve(None, Some(1.0), false, None).unwrap_err();
         assert!(e.contains("--memory-limit"), "{e}");
+        let e = MemoryLimits::resolve(Some(1e-12), None, false, None).unwrap_err();
+        assert!(e.contains("--memory-limit"), "{e}");
+        let e = MemoryLimits::resolve(Some(1.0), Some(-1.0), false, None).unwrap_err();
+        assert!(e.contains("--memory-cache"), "{e}");
+        // A zero cache is a setting: MLX keeps no freed buffers.
+        let l = MemoryLimits::resolve(Some(1.0), Some(0.0), false, None).unwrap();
+        assert_eq!(l.map(|l| l.cache_limit), Some(0));
     }
 
     #[test]

@@ -127,3 +127,10 @@ def test_a_cache_larger_than_the_limit_fails_startup_naming_the_flag():
     )
     assert r.returncode != 0
     assert "--memory-cache" in r.stderr, r.stderr
+
+
+def test_a_limit_that_leaves_no_kv_memory_fails_startup_naming_the_flags():
+    # SmolLM2-135M's packed weights alone take more than 0.05 GiB.
+    r = run_binary("serve", "--plugins", str(PLUGINS), "--memory-limit", "0.05", timeout=300)
+    assert r.returncode != 0
+    assert "--memory-limit" in r.stderr and "leaves no memory for KV caches" in r.stderr, r.stderr

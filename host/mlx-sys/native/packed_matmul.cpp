@@ -41,6 +41,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -588,10 +589,14 @@ int prefill_products() {
     if (!env)
       return -1;
     const std::string v = env;
-    return v == "float" ? kPrefillFloat
-        : v == "int8"   ? kPrefillInt8
-        : v == "bf16"   ? kPrefillBf16
-                        : -1;
+    const int mode = v == "float" ? kPrefillFloat
+        : v == "int8"             ? kPrefillInt8
+        : v == "bf16"             ? kPrefillBf16
+                                  : -1;
+    if (mode < 0)
+      std::fprintf(
+          stderr, "mlxhost: MLXHOST_PREFILL_PRODUCTS=%s ignored (float, int8 or bf16)\n", env);
+    return mode;
   }();
   int mode = forced;
   if (mode < 0)

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -230,6 +231,9 @@ bool use_amx(int precision) {
   static const int forced = [] {
     const char* env = std::getenv("MLXHOST_PREFILL_ATTENTION");
     const std::string v = env ? env : "";
+    if (!v.empty() && v != "f32" && v != "bf16" && v != "mlx")
+      std::fprintf(
+          stderr, "mlxhost: MLXHOST_PREFILL_ATTENTION=%s ignored (mlx, f32 or bf16)\n", v.c_str());
     return v == "f32" ? 1 : v == "bf16" ? 2 : 0;
   }();
   if (forced != 0)

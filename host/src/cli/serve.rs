@@ -118,7 +118,8 @@ pub struct ServeArgs {
     /// RAM prompt cache: KV of finished requests reused for the longest
     /// shared prefix of new prompts, capped at this many GiB (0 disables it).
     /// Default: 8 GiB (llama.cpp's `--cache-ram`) or a quarter of the memory
-    /// available at start, whichever is less, at least 1 GiB. An agent's
+    /// available at start, whichever is less, at least 1 GiB (and at most a
+    /// quarter of `--memory-limit` where one applies). An agent's
     /// ~19k-token prompt holds ~1 GiB of KV on Qwen2.5-1.5B (float32), so
     /// the old 1 GiB kept none of it.
     #[arg(long)]
@@ -298,23 +299,18 @@ fn access_policy(args: &ServeArgs) -> anyhow::Result<server::access::AccessPolic
 }
 
 /// `--prompt-cache`'s default, GiB: 8 or a quarter of `available` bytes,
-/// whichever is less, at least 1 (1 where available memory is unknown).
-fn default_prompt_cache_gib(available: Option<u64>) -> f64 {
-    let quarter = available.map_or(1.0, |b| b as f64 / (1u64 << 30) as f64 / 4.0);
-    quarter.clamp(1.0, 8.0)
+/// whichever is less, at least 1 (1 where available memory is unknown);
+/// within a memory limit (`limit` bytes) at most a quarter of it.
+fn default_prompt_cache_gib(available: Option<u64>, limit: Option<u64>) -> f64 {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let quarter = available.map_or(1.0, |b| gib(b) / 4.0).clamp(1.0, 8.0);
+    limit.map_or(quarter, |l| quarter.min(gib(l) / 4.0))
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.temp.is_nan() || args.temp < 0.0 {
         anyhow::bail!("--temp must be >= 0, got {}", args.temp);
     }
-    let prompt_cache_gib = match args.prompt_cache {
-        Some(g) if !(g >= 0.0 && g.is_finite()) => {
-            anyhow::bail!("--prompt-cache must be a size in GiB >= 0, got {g}")
-        }
-        Some(g) => g,
-        None => default_prompt_cache_gib(mlxhost::runtime::available_memory_bytes()),
-    };
     if !(args.ssd_cache_max > 0.0 && args.ssd_cache_max.is_finite()) {
         anyhow::bail!(
             "--ssd-cache-max must be a size in GiB > 0, got {}",
@@ -439,6 +435,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         mlxhost::device_memory::device_bytes(),
     )
     .map_err(anyhow::Error::msg)?;
+    let prompt_cache_gib = match args.prompt_cache {
+        Some(g) if !(g >= 0.0 && g.is_finite()) => {
+            anyhow::bail!("--prompt-cache must be a size in GiB >= 0, got {g}")
+        }
+        Some(g) => g,
+        None => default_prompt_cache_gib(
+            mlxhost::runtime::available_memory_bytes(),
+            limits.map(|l| l.limit),
+        ),
+    };
     if let Some(l) = limits {
         l.apply();
         tracing::info!(
@@ -576,9 +582,13 @@ mod tests {
     #[test]
     fn prompt_cache_default_is_a_quarter_of_available_memory_within_1_and_8_gib() {
         let gib = |g: u64| Some(g << 30);
-        assert_eq!(default_prompt_cache_gib(gib(20)), 5.0);
-        assert_eq!(default_prompt_cache_gib(gib(64)), 8.0);
-        assert_eq!(default_prompt_cache_gib(gib(2)), 1.0);
-        assert_eq!(default_prompt_cache_gib(None), 1.0);
+        assert_eq!(default_prompt_cache_gib(gib(20), None), 5.0);
+        assert_eq!(default_prompt_cache_gib(gib(64), None), 8.0);
+        assert_eq!(default_prompt_cache_gib(gib(2), None), 1.0);
+        assert_eq!(default_prompt_cache_gib(None, None), 1.0);
+        // Within --memory-limit: at most a quarter of it.
+        assert_eq!(default_prompt_cache_gib(gib(20), gib(4)), 1.0);
+        assert_eq!(default_prompt_cache_gib(gib(20), gib(2)), 0.5);
+        assert_eq!(default_prompt_cache_gib(gib(64), gib(72)), 8.0);
     }
 }

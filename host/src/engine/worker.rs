@@ -282,7 +282,23 @@ impl Engine {
         // The model is loaded and nothing else allocated yet: what MLX
         // holds now is its weights (a device budget is computed from it).
         crate::device_memory::record_weights();
+        let device_limits = match schedule.memory_budget {
+            crate::engine::admission::MemoryBudget::Device { limits, keep } => Some((limits, keep)),
+            _ => None,
+        };
         let mut scheduler = Scheduler::new(schedule);
+        if let (Some((limits, keep)), Some(0)) = (device_limits, scheduler.memory_budget()) {
+            let gib = crate::engine::admission::gib;
+            let _ = ready.send(Err(format!(
+                "--memory-limit {} leaves no memory for KV caches: the weights take {}, \
+                 --memory-cache {} and --prompt-cache {}; raise the limit or lower the caches",
+                gib(limits.limit),
+                gib(crate::device_memory::record_weights()),
+                gib(limits.cache_limit),
+                gib(keep)
+            )));
+            return None;
+        }
         match scheduler.memory_budget() {
             Some(b) => tracing::info!(
                 memory_budget = %crate::engine::admission::gib(b),

@@ -137,11 +137,14 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
             let g = gguf::Gguf::open(path)?;
             let config = g.config()?;
             let tokenizer = g.tokenizer()?;
-            // K-quants: prefill products round to bfloat16 (AMX) or int8,
-            // as llama.cpp (their parity reference) rounds x to int8;
-            // `MLXHOST_PREFILL_PRODUCTS` overrides.
-            cpu_quant::set_low_precision_prefill(g.has_k_quant_tensors());
             let compute = resolve_compute(opts.dtype, g.has_quantized_tensors(), &config);
+            // K-quants on the quantized path: prefill products and attention
+            // round to bfloat16 (AMX) or int8, as llama.cpp (their parity
+            // reference) rounds x to int8; `--dtype float32` keeps float32
+            // everywhere. `MLXHOST_PREFILL_PRODUCTS` overrides.
+            cpu_quant::set_low_precision_prefill(
+                g.has_k_quant_tensors() && compute != ComputeDtype::Float32,
+            );
             let tensors = g.tensors(&config, compute == ComputeDtype::Float32)?;
             let eos = g.eos_ids()?;
             let bos = config.bos_token_id.and_then(|id| tokenizer.id_to_token(id));
