@@ -38,6 +38,7 @@
 #include "amx_tiles.h"
 
 #include "cpu_kernels.h"
+#include "packed_simd.h"
 
 namespace mlxhost_cpu {
 
@@ -81,13 +82,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void dequant_tile_bf16(
     const uint8_t* gp = tile + size_t(g) * gbytes;
     const uint8_t* sb = gp + size_t(chunks) * 64;
     __m512 s, b;
-    if constexpr (F16) {
-      s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb)));
-      b = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 32)));
-    } else {
-      s = _mm512_loadu_ps(reinterpret_cast<const float*>(sb));
-      b = _mm512_loadu_ps(reinterpret_cast<const float*>(sb + 64));
-    }
+    load_scales_biases<F16>(sb, s, b);
     const __m512 s_lo = _mm512_permutexvar_ps(first_half, s);
     const __m512 s_hi = _mm512_permutexvar_ps(second_half, s);
     const __m512 b_lo = _mm512_permutexvar_ps(first_half, b);

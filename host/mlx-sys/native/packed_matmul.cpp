@@ -51,6 +51,7 @@
 #endif
 
 #include "cpu_kernels.h"
+#include "packed_simd.h"
 
 namespace mlxhost_cpu {
 
@@ -330,22 +331,6 @@ void prepare_x(const PackedProblem& p, PackedX& px, bool vector) {
 // per group, three integer sums per row (one per digit; NA partial sums
 // when MC is small, so consecutive vpdpbusd do not wait on each other),
 // rebuilt as 65536 A + 256 B + C in float, then y += s * d * sum + b * sum(x).
-// A packed group's 16 scales and 16 biases (after its weight chunks at `sb`),
-// as float32 lanes: float16 or float32 as the weight was packed.
-template <bool F16>
-__attribute__((target("avx512f"))) inline void load_scales_biases(
-    const uint8_t* sb,
-    __m512& s,
-    __m512& b) {
-  if constexpr (F16) {
-    s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb)));
-    b = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 32)));
-  } else {
-    s = _mm512_loadu_ps(reinterpret_cast<const float*>(sb));
-    b = _mm512_loadu_ps(reinterpret_cast<const float*>(sb + 64));
-  }
-}
-
 template <int BITS, int MC, bool F16>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni(
     const PackedProblem& p,
@@ -419,10 +404,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni(
       accf[m] = _mm512_fmadd_ps(b, _mm512_set1_ps(px.sum[gi]), accf[m]);
     }
   }
-  const int valid = std::min(kTile, p.N - n0);
-  const __mmask16 keep = valid >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1);
-  for (int m = 0; m < MC; m++)
-    _mm512_mask_storeu_ps(p.y + size_t(m0 + m) * p.N + n0, keep, accf[m]);
+  store_tile_rows<MC>(p, accf, m0, n0);
 }
 
 template <int BITS, bool F16>
@@ -552,10 +534,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni_int8(
       accf[m] = _mm512_fmadd_ps(b, _mm512_set1_ps(px.sum[gi]), accf[m]);
     }
   }
-  const int valid = std::min(kTile, p.N - n0);
-  const __mmask16 keep = valid >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1);
-  for (int m = 0; m < MC; m++)
-    _mm512_mask_storeu_ps(p.y + size_t(m0 + m) * p.N + n0, keep, accf[m]);
+  store_tile_rows<MC>(p, accf, m0, n0);
 }
 
 template <int BITS, bool F16>
