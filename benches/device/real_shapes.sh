@@ -2,7 +2,9 @@
 # On the GPU machine (issue 35), after benches/device/unpack.sh's environment is sourced: makes a
 # random-weight model at a published shape (benches/make_real_shape.py; SHAPE, default qwen3-8b,
 # tokenizer files from $TOK) and measures, on the same files in the same run:
-#   step   `mlxhost bench` and `mlx_lm.benchmark` at batch 1 and 8 (prompt 512, 128 tokens)
+#   step   the bytes a step streams and the card's bandwidth limit; `mlxhost bench` (also with
+#          MLXHOST_QMV=off: MLX's quantized_matmul) and `mlx_lm.benchmark` at batch 1 and 8
+#          (BATCHES; prompt 512, 128 tokens)
 #   memory `mlxhost serve` with its default limits (--memory-limit: 90% of the device, a tenth as
 #          buffer cache): /stats `memory` and nvidia-smi's used memory after warm-up, the first
 #          50 requests' TTFT against warm (benches/first_requests.py), memory after 16
@@ -17,9 +19,33 @@ OUT="${OUT:-${OUT_DIR:-/tmp}/real-shapes}"; mkdir -p "$OUT"
 [ -f "$DIR/model.safetensors" ] || python3 benches/make_real_shape.py "$SHAPE" "$DIR" "${TOK:-/tmp/g/tok}"
 used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
 echo "{\"shape\": \"$SHAPE\", \"gpu_used_mib_before\": $(used)}"
+# Bytes a decode step streams (every tensor but the input embedding, unless it is the tied head) and
+# the card's bandwidth limit: the step time at which every byte is read once.
+limits() {
+  python3 - "$DIR" <<'PY'
+import json, struct, subprocess, sys
+d = sys.argv[1]
+with open(f"{d}/model.safetensors", "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    head = json.loads(f.read(n))
+tied = json.load(open(f"{d}/config.json")).get("tie_word_embeddings", False)
+size = lambda v: v["data_offsets"][1] - v["data_offsets"][0]
+total = sum(size(v) for k, v in head.items() if k != "__metadata__")
+embed = sum(size(v) for k, v in head.items() if "embed_tokens" in k)
+step = total if tied else total - embed
+name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+tbs = 4.8 if "H200" in name else 3.35  # HBM3e / HBM3 (SXM) peak, TB/s
+print(json.dumps({"gpu": name, "step_bytes": step, "bandwidth_tb_s": tbs,
+                  "limit_ms_per_step": step / tbs / 1e9, "limit_tok_s": tbs * 1e12 / step}))
+PY
+}
 if [ "${1:-all}" != memory ]; then
-  for b in 1 8; do
+  limits
+  for b in ${BATCHES:-1 8}; do
     "$BIN" bench --model "$DIR" --prompt-tokens 512 --decode-tokens 128 --batch "$b" 2>"$OUT/bench-$b.log" | tail -1
+    # The same step with MLX's quantized_matmul in place of mlxhost's mat-vec kernel (model::cuda_qmv).
+    MLXHOST_QMV=off "$BIN" bench --model "$DIR" --prompt-tokens 512 --decode-tokens 128 --batch "$b" \
+      2>"$OUT/bench-$b-mlx-qmv.log" | tail -1 | sed 's/^{/{"mlxhost_qmv": "off", /'
     python3 -m mlx_lm.benchmark --model "$DIR" --prompt-tokens 512 --generation-tokens 128 \
       --num-trials 3 --batch-size "$b" 2>&1 | tail -4
   done

@@ -4,7 +4,36 @@ use mlx_rs::{ops, Array, Dtype};
 
 use super::config::QuantSpec;
 use super::cpu_quant;
+use super::cuda_qmv;
 use super::error::Result;
+
+/// The product through mlxhost's CUDA mat-vec kernel ([`cuda_qmv`]) when
+/// `x: [..., K]` has few enough rows and the kernel is preferred for this
+/// shape; `None` leaves it to MLX's `quantized_matmul`.
+fn cuda_matvec(
+    x: &Array,
+    weight: &Array,
+    scales: &Array,
+    biases: &Array,
+    spec: QuantSpec,
+) -> Result<Option<Array>> {
+    let shape = x.shape();
+    let Some((&k, lead)) = shape.split_last() else {
+        return Ok(None);
+    };
+    let rows: i32 = lead.iter().product();
+    if !cuda_qmv::supports(spec, rows, k, x.dtype()) {
+        return Ok(None);
+    }
+    let x2 = x.reshape(&[rows, k])?;
+    if !cuda_qmv::prefer(&x2, weight, scales, biases, spec) {
+        return Ok(None);
+    }
+    let y = cuda_qmv::matvec(&x2, weight, scales, biases, spec)?;
+    let mut out_shape = lead.to_vec();
+    out_shape.push(weight.shape()[0]);
+    Ok(Some(y.reshape(&out_shape)?))
+}
 
 /// A bias-free linear layer `y = x W^T`, `W: [out, in]`.
 #[derive(Debug, Clone)]
@@ -81,6 +110,8 @@ impl Linear {
                     && cpu_quant::supports(*spec)
                 {
                     cpu_quant::quantized_matmul(&xc, weight, scales, biases, *spec, kernel)?
+                } else if let Some(y) = cuda_matvec(&xc, weight, scales, biases, *spec)? {
+                    y
                 } else {
                     ops::quantized_matmul(
                         &xc,

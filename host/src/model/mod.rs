@@ -11,6 +11,7 @@ pub mod cpu_swiglu;
 pub mod cuda_decode_attention;
 pub mod cuda_fused;
 pub mod cuda_kernel;
+pub mod cuda_qmv;
 pub mod decode_attention;
 pub mod decode_layer;
 pub mod error;
