@@ -3,7 +3,7 @@
 # random-weight model at a published shape (benches/make_real_shape.py; SHAPE, default qwen3-8b,
 # tokenizer files from $TOK) and measures, on the same files in the same run:
 #   step   the bytes a step streams and the card's bandwidth limit; `mlxhost bench` (also with
-#          MLXHOST_QMV=off: MLX's quantized_matmul) and `mlx_lm.benchmark` at batch 1 and 8
+#          MLXHOST_QMV=off: MLX's quantized_matmul; and --lookahead) and `mlx_lm.benchmark` at batch 1 and 8
 #          (BATCHES; prompt 512, 128 tokens)
 #   memory `mlxhost serve` with its default limits (--memory-limit: 90% of the device, a tenth as
 #          buffer cache): /stats `memory` and nvidia-smi's used memory after warm-up, the first
@@ -46,6 +46,9 @@ if [ "${1:-all}" != memory ]; then
     # The same step with MLX's quantized_matmul in place of mlxhost's mat-vec kernel (model::cuda_qmv).
     MLXHOST_QMV=off "$BIN" bench --model "$DIR" --prompt-tokens 512 --decode-tokens 128 --batch "$b" \
       2>"$OUT/bench-$b-mlx-qmv.log" | tail -1 | sed 's/^{/{"mlxhost_qmv": "off", /'
+    # Step N+1 built while the device computes step N (serve --decode-lookahead; mlx-lm's loop).
+    "$BIN" bench --model "$DIR" --prompt-tokens 512 --decode-tokens 128 --batch "$b" --lookahead \
+      2>"$OUT/bench-$b-lookahead.log" | tail -1
     python3 -m mlx_lm.benchmark --model "$DIR" --prompt-tokens 512 --generation-tokens 128 \
       --num-trials 3 --batch-size "$b" 2>&1 | tail -4
   done

@@ -273,6 +273,22 @@ def serve_checks(args, record):
                and p.stdout.strip() == out.strip(), used=used, generate=p.stdout.strip()[:80],
                why=p.stderr[-300:] if p.returncode != 0 or not used else "")
 
+        # mlxhost's quantized mat-vec kernel (model::cuda_qmv): forced on, it passes its self-test
+        # against MLX's quantized_matmul and gives the same greedy text as MLX's op everywhere.
+        qmv = {}
+        for mode in ("on", "off"):
+            qmv[mode] = subprocess.run(
+                [args.bin, "generate", "--model", args.gguf, "--plugins", args.plugins,
+                 "--prompt", conv[-1]["content"], "--max-tokens", "32"],
+                capture_output=True, text=True,
+                env={**os.environ, "MLXHOST_QMV": mode, "MLXHOST_LOG": "info"})
+        used = "quantized mat-vec CUDA kernel in use" in qmv["on"].stderr
+        report("generate.qmv_kernel",
+               all(p.returncode == 0 for p in qmv.values()) and (used or args.record is not None)
+               and qmv["on"].stdout.strip() == qmv["off"].stdout.strip(),
+               used=used, on=qmv["on"].stdout.strip()[:80], off=qmv["off"].stdout.strip()[:80],
+               why=qmv["on"].stderr[-300:] if not used else "")
+
         # RAM tier: the same prompt again is a hit with the same output.
         again = chat(s, conversations()[1])
         cached = again["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)

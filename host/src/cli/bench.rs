@@ -5,7 +5,11 @@
 
 use std::time::Instant;
 
-use mlx_rs::{ops, transforms::eval, Array};
+use mlx_rs::{
+    ops,
+    transforms::{async_eval, eval},
+    Array,
+};
 use mlxhost::model::RowInput;
 
 use super::ModelArgs;
@@ -28,6 +32,12 @@ pub struct BenchArgs {
     /// step: one forward for all rows, each with its own cache).
     #[arg(long, default_value_t = 1)]
     batch: usize,
+    /// Build each decode step from the previous step's tokens still on the
+    /// device, before reading them (as `serve --decode-lookahead` and
+    /// mlx-lm's generate loop do), so the host builds step N+1 while the
+    /// device computes step N; a step's time is then the larger of the two.
+    #[arg(long)]
+    lookahead: bool,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -81,6 +91,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut times = Vec::new();
     let mut build_times = Vec::new();
     let mut census = None;
+    static ONE_TOKEN: [u32; 1] = [0];
+    let mut ahead: Option<Array> = None;
     for step in 0..args.decode_tokens + 3 {
         let started = Instant::now();
         let tokens: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
@@ -93,7 +105,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 logits_from: 0,
             })
             .collect();
-        let logits = model.forward(&mut rows)?;
+        let logits = match (&ahead, args.lookahead) {
+            // This step's ids are the last step's argmax, still on the device.
+            (Some(ids), true) => {
+                for row in rows.iter_mut() {
+                    row.tokens = &ONE_TOKEN;
+                }
+                model.forward_device_ids(&mut rows, ids)?
+            }
+            _ => model.forward(&mut rows)?,
+        };
         drop(rows);
         let stacked = ops::concatenate(&logits, 0)?;
         let chosen =
@@ -104,8 +125,18 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         if step == 3 {
             census = Some(mlxhost::census::graph_census(&arrays)?);
         }
-        eval(arrays)?;
-        next = chosen.as_slice::<u32>().to_vec();
+        if args.lookahead {
+            // Start this step, then read the previous one's tokens (a
+            // server streams them meanwhile).
+            async_eval(arrays)?;
+            if let Some(previous) = ahead.replace(chosen) {
+                eval([&previous])?;
+                next = previous.as_slice::<u32>().to_vec();
+            }
+        } else {
+            eval(arrays)?;
+            next = chosen.as_slice::<u32>().to_vec();
+        }
         if step >= 3 {
             times.push(started.elapsed().as_secs_f64());
             build_times.push(built.as_secs_f64());
@@ -131,6 +162,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "decode_graph_build_ms": build_ms,
         "decode_step_primitives": census,
         "decode_aggregate_tok_s": batch as f64 * 1e3 / decode_ms,
+        "lookahead": args.lookahead,
         "peak_rss_mib": peak_rss_mib(),
     });
     println!("{result}");
