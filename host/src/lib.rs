@@ -13,6 +13,7 @@ pub mod cache;
 pub mod census;
 pub mod device_memory;
 pub mod engine;
+pub mod gpu_kernel_cache;
 pub mod logprobs;
 pub mod model;
 pub(crate) mod native_op;

@@ -21,6 +21,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     reexec_with_better_blas();
+    // Before any thread or MLX kernel: it sets environment variables.
+    mlxhost::gpu_kernel_cache::persist();
     cli::run()
 }
 
