@@ -17,7 +17,14 @@ pub struct QuantSpec {
 }
 
 /// Architectures (`model_type` / GGUF `general.architecture`) this build runs.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "qwen2", "qwen3", "gemma3_text", "gemma3"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "llama",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "gemma3_text",
+    "gemma3",
+];
 
 /// Whether `model_type` names Gemma 3's text decoder (mlx-lm's
 /// `gemma3_text`; GGUF's and a checkpoint's `gemma3`).
@@ -26,7 +33,8 @@ pub fn is_gemma3(model_type: &str) -> bool {
 }
 
 /// Hyper-parameters of a decoder (the fields mlx-lm's `models/llama.py`,
-/// `qwen2.py`, `qwen3.py` and `gemma3_text.py` `ModelArgs` read).
+/// `qwen2.py`, `qwen3.py`, `qwen3_moe.py` and `gemma3_text.py` `ModelArgs`
+/// read).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
     /// Architecture: one of [`SUPPORTED_MODEL_TYPES`].
@@ -97,6 +105,77 @@ pub struct ModelConfig {
     /// the global layers').
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_local_base_freq: Option<f32>,
+    /// Mixture-of-experts MLPs (Qwen3-MoE); all absent for dense models.
+    #[serde(flatten)]
+    pub moe: MoeConfig,
+}
+
+/// The mixture-of-experts fields of `config.json` (Qwen3-MoE: mlx-lm's
+/// `qwen3_moe.ModelArgs`, Hugging Face's `Qwen3MoeConfig`), in that
+/// spelling. Absent on dense models.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MoeConfig {
+    /// Experts per sparse layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_experts: Option<usize>,
+    /// Experts each token is routed to (top-k of the router).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_experts_per_tok: Option<usize>,
+    /// Width of each expert's SwiGLU MLP (`intermediate_size` is the dense
+    /// layers').
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_intermediate_size: Option<usize>,
+    /// Layer `l` is sparse when `(l + 1) % decoder_sparse_step == 0` (and
+    /// not in `mlp_only_layers`); Hugging Face's default is 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decoder_sparse_step: Option<usize>,
+    /// Layers that keep a dense MLP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlp_only_layers: Option<Vec<usize>>,
+    /// Whether the chosen experts' router probabilities are renormalised
+    /// to sum to 1 (Hugging Face's default: no).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm_topk_prob: Option<bool>,
+}
+
+impl MoeConfig {
+    /// Whether layer `l` has a sparse (mixture-of-experts) MLP, by mlx-lm's
+    /// rule: experts exist, `l` is not in `mlp_only_layers` and `(l + 1)`
+    /// is a multiple of `decoder_sparse_step`.
+    pub fn is_sparse_layer(&self, l: usize) -> bool {
+        let experts = self.num_experts.unwrap_or(0);
+        let step = self.decoder_sparse_step.unwrap_or(1).max(1);
+        let dense = self
+            .mlp_only_layers
+            .as_ref()
+            .is_some_and(|d| d.contains(&l));
+        experts > 0 && !dense && (l + 1).is_multiple_of(step)
+    }
+
+    /// Checks the fields a model with experts needs are present and
+    /// consistent; the message names the field.
+    fn validate(&self) -> Result<(), String> {
+        let Some(experts) = self.num_experts.filter(|&e| e > 0) else {
+            return Ok(());
+        };
+        let top_k = self
+            .num_experts_per_tok
+            .ok_or("`num_experts_per_tok` is required with `num_experts`")?;
+        if top_k == 0 || top_k > experts {
+            return Err(format!(
+                "`num_experts_per_tok` ({top_k}) must be between 1 and `num_experts` ({experts})"
+            ));
+        }
+        match self.moe_intermediate_size {
+            None => return Err("`moe_intermediate_size` is required with `num_experts`".into()),
+            Some(0) => return Err("`moe_intermediate_size` must be positive".into()),
+            Some(_) => {}
+        }
+        if self.decoder_sparse_step == Some(0) {
+            return Err("`decoder_sparse_step` must be positive".into());
+        }
+        Ok(())
+    }
 }
 
 /// Writes an f32 as the shortest decimal that round-trips (`1e-5`, not
@@ -168,6 +247,10 @@ impl ModelConfig {
                 ));
             }
         }
+        if self.model_type == "qwen3_moe" && self.moe.num_experts.unwrap_or(0) == 0 {
+            return Err("`num_experts` must be positive for `qwen3_moe`".into());
+        }
+        self.moe.validate()?;
         if is_gemma3(&self.model_type) && self.sliding_window == Some(0) {
             return Err("`sliding_window` must be positive".into());
         }
@@ -233,5 +316,68 @@ mod tests {
         assert_eq!(c.head_dim(), 4);
         c.model_type = "mamba".into();
         assert!(c.validate().unwrap_err().contains("mamba"));
+    }
+
+    fn qwen3_moe(extra: serde_json::Value) -> ModelConfig {
+        let mut v = serde_json::json!({
+            "model_type": "qwen3_moe", "hidden_size": 8, "num_hidden_layers": 4,
+            "intermediate_size": 16, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "rms_norm_eps": 1e-6, "vocab_size": 10, "num_experts": 4,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 8, "norm_topk_prob": true
+        });
+        if let (Some(v), Some(extra)) = (v.as_object_mut(), extra.as_object()) {
+            v.extend(extra.clone());
+        }
+        serde_json::from_value(v).expect("valid config")
+    }
+
+    #[test]
+    fn sparse_layers_follow_mlx_lm_rule() {
+        let c = qwen3_moe(serde_json::json!({}));
+        assert!(c.validate().is_ok());
+        assert!((0..4).all(|l| c.moe.is_sparse_layer(l)));
+        let c = qwen3_moe(serde_json::json!({"decoder_sparse_step": 2, "mlp_only_layers": [3]}));
+        let sparse: Vec<bool> = (0..4).map(|l| c.moe.is_sparse_layer(l)).collect();
+        assert_eq!(sparse, [false, true, false, false]);
+        // Written back in config.json spelling, dense models without the fields.
+        let v = serde_json::to_value(&c).expect("serializes");
+        assert_eq!(v["mlp_only_layers"], serde_json::json!([3]));
+        let dense = qwen3_moe(serde_json::json!({})).moe;
+        assert_eq!(dense.num_experts, Some(4));
+        let mut llama = c.clone();
+        llama.moe = MoeConfig::default();
+        llama.model_type = "llama".into();
+        let v = serde_json::to_value(&llama).expect("serializes");
+        assert!(v.get("num_experts").is_none());
+        assert!(!llama.moe.is_sparse_layer(0));
+    }
+
+    #[test]
+    fn rejects_inconsistent_expert_fields_by_name() {
+        for (extra, field) in [
+            (
+                serde_json::json!({"num_experts_per_tok": 5}),
+                "num_experts_per_tok",
+            ),
+            (
+                serde_json::json!({"num_experts_per_tok": 0}),
+                "num_experts_per_tok",
+            ),
+            (
+                serde_json::json!({"moe_intermediate_size": 0}),
+                "moe_intermediate_size",
+            ),
+            (
+                serde_json::json!({"decoder_sparse_step": 0}),
+                "decoder_sparse_step",
+            ),
+            (serde_json::json!({"num_experts": 0}), "num_experts"),
+        ] {
+            let err = qwen3_moe(extra.clone()).validate().unwrap_err();
+            assert!(err.contains(field), "{extra}: {err}");
+        }
+        let mut c = qwen3_moe(serde_json::json!({}));
+        c.moe.moe_intermediate_size = None;
+        assert!(c.validate().unwrap_err().contains("moe_intermediate_size"));
     }
 }

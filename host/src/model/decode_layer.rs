@@ -27,7 +27,7 @@ use super::cpu_quant;
 use super::decode_attention::call_row_cache_op;
 use super::error::Result;
 use super::linear::Linear;
-use super::llama::{Layer, Projections};
+use super::llama::{Layer, Mlp, Projections};
 
 /// Whether the fused op may be used at all (CPU backend, kernels on, not
 /// switched off).
@@ -62,17 +62,21 @@ impl FusedLayer {
     /// The layer's tensors when every linear is a float32-scaled quantized
     /// weight the kernel computes, or a packed one, and q/k/v and gate/up
     /// are fused; `None`
-    /// otherwise (the layer then runs through MLX ops).
+    /// otherwise (the layer then runs through MLX ops; so does a
+    /// mixture-of-experts layer, which the op has no router for).
     pub fn of(layer: &Layer) -> Option<FusedLayer> {
         let fused = |p: &Projections| match p {
             Projections::Fused(lin, _) => Some(lin.clone()),
             Projections::Separate(_) => None,
         };
+        let Mlp::Dense(mlp) = &layer.mlp else {
+            return None;
+        };
         let linears = [
             fused(&layer.qkv)?,
             layer.o_proj.clone(),
-            fused(&layer.gate_up)?,
-            layer.down_proj.clone(),
+            fused(&mlp.gate_up)?,
+            mlp.down_proj.clone(),
         ];
         if layer.input_norm.dtype() != Dtype::Float32
             || layer.post_attention_norm.dtype() != Dtype::Float32

@@ -18,7 +18,10 @@ pub enum ModelError {
         reason: String,
     },
     /// The checkpoint's architecture is not implemented.
-    #[error("unsupported architecture `{arch}` in {path} (supported: llama, qwen2, qwen3)")]
+    #[error(
+        "unsupported architecture `{arch}` in {path} (supported: {})",
+        super::config::SUPPORTED_MODEL_TYPES.join(", ")
+    )]
     UnsupportedArchitecture {
         /// The file declaring it.
         path: PathBuf,

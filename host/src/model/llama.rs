@@ -1,10 +1,12 @@
 //! Llama-family decoder (RoPE, GQA, RMSNorm, SwiGLU, optionally tied
-//! embeddings, optional q/k/v biases, optional per-head q/k RMSNorm) over a
-//! ragged batch of rows: the `llama`, `qwen2` and `qwen3` architectures.
+//! embeddings, optional q/k/v biases, optional per-head q/k RMSNorm, dense
+//! or mixture-of-experts MLPs) over a ragged batch of rows: the `llama`,
+//! `qwen2`, `qwen3` and `qwen3_moe` architectures.
 //!
-//! Follows mlx-lm's `mlx_lm/models/llama.py`, `qwen2.py` and `qwen3.py` (Hugging
-//! Face half-split RoPE layout; llama GGUF weights are un-permuted at load,
-//! qwen2 GGUFs already use that layout). A forward pass takes any
+//! Follows mlx-lm's `mlx_lm/models/llama.py`, `qwen2.py`, `qwen3.py` and
+//! `qwen3_moe.py` (Hugging Face half-split RoPE layout; llama GGUF weights
+//! are un-permuted at load, qwen2 GGUFs already use that layout; the sparse
+//! MLP is [`super::moe`]). A forward pass takes any
 //! number of rows, each with its own new tokens and its own [`KvCache`]: the
 //! rows' tokens are packed into one `[N, H]` activation so every linear layer
 //! runs once for the batch, and attention runs per row against that row's
@@ -24,6 +26,7 @@ use super::cuda_fused;
 use super::decode_layer::{decode_layer, FusedLayer, LayerShape};
 use super::error::{ModelError, Result};
 use super::linear::{Embedding, Linear};
+use super::moe::SparseMoe;
 use super::ragged;
 use crate::cache::slab::{self, DecodeSlab, SlabStep};
 use crate::cache::{KvCache, LayerKind};
@@ -142,10 +145,43 @@ pub struct Layer {
     pub k_norm: Option<Array>,
     /// `o_proj`: `[H, n_heads * D]`.
     pub o_proj: Linear,
+    /// The MLP after attention.
+    pub mlp: Mlp,
+}
+
+/// A decoder layer's MLP.
+#[derive(Debug, Clone)]
+pub enum Mlp {
+    /// One SwiGLU MLP for every token.
+    Dense(DenseMlp),
+    /// Each token through its top-k experts (Qwen3-MoE's sparse layers).
+    Sparse(SparseMoe),
+}
+
+/// The SwiGLU MLP `down(silu(gate(x)) * up(x))`.
+#[derive(Debug, Clone)]
+pub struct DenseMlp {
     /// `gate_proj`, `up_proj`: `[I, H]` each.
     pub gate_up: Projections,
     /// `down_proj`: `[H, I]`.
     pub down_proj: Linear,
+}
+
+impl Mlp {
+    /// Every linear layer's parameters.
+    fn tensors(&self) -> Vec<&Array> {
+        match self {
+            Mlp::Dense(d) => {
+                let mut linears = d.gate_up.linears();
+                linears.push(&d.down_proj);
+                linears
+                    .into_iter()
+                    .flat_map(|lin| lin.tensors().into_iter().map(|(_, a)| a))
+                    .collect()
+            }
+            Mlp::Sparse(moe) => moe.tensors(),
+        }
+    }
 }
 
 /// The whole model's parameters plus its compute dtype.
@@ -230,8 +266,13 @@ impl Llama {
             let attn = self.attention(l, layer, &x, rows, &lens, &positions, slab.as_mut())?;
             let o = layer.o_proj.forward_with(&attn, self.layer_kernel)?;
             (h, x) = add_rms_norm(&h, &o, &layer.post_attention_norm, eps, fused)?;
-            let act = self.swiglu(layer, &x, fused)?;
-            let down = layer.down_proj.forward_with(&act, self.layer_kernel)?;
+            let down = match &layer.mlp {
+                Mlp::Dense(mlp) => {
+                    let act = self.swiglu(mlp, &x, fused)?;
+                    mlp.down_proj.forward_with(&act, self.layer_kernel)?
+                }
+                Mlp::Sparse(moe) => moe.forward(&x)?,
+            };
             // The residual add and the next layer's input norm, as one kernel
             // where fused; the last layer's norm is the head's.
             match self.layers.get(l + 1) {
@@ -250,15 +291,15 @@ impl Llama {
     /// one fused CUDA kernel over the fused gate/up product where `fused`
     /// ([`cuda_fused::available`]), one CPU op over it on the CPU backend
     /// ([`cpu_swiglu`]), else MLX's ops.
-    fn swiglu(&self, layer: &Layer, x: &Array, fused: bool) -> Result<Array> {
+    fn swiglu(&self, mlp: &DenseMlp, x: &Array, fused: bool) -> Result<Array> {
         if fused {
-            if let Projections::Fused(lin, widths) = &layer.gate_up {
+            if let Projections::Fused(lin, widths) = &mlp.gate_up {
                 if widths.len() == 2 && widths[0] == widths[1] {
                     return cuda_fused::swiglu(&lin.forward_with(x, self.layer_kernel)?);
                 }
             }
         }
-        if let Projections::Fused(lin, widths) = &layer.gate_up {
+        if let Projections::Fused(lin, widths) = &mlp.gate_up {
             if widths.len() == 2 && widths[0] == widths[1] {
                 let gu = lin.forward_with(x, self.layer_kernel)?;
                 if cpu_swiglu::applies(&gu) {
@@ -266,7 +307,7 @@ impl Llama {
                 }
             }
         }
-        let gu = layer.gate_up.forward(x, self.layer_kernel)?;
+        let gu = mlp.gate_up.forward(x, self.layer_kernel)?;
         let (gate, up) = (&gu[0], &gu[1]);
         Ok(ops::multiply(
             ops::multiply(gate, ops::sigmoid(gate)?)?,
@@ -572,11 +613,11 @@ impl Llama {
             out.extend(&layer.q_norm);
             out.extend(&layer.k_norm);
             let mut linears = layer.qkv.linears();
-            linears.extend(layer.gate_up.linears());
-            linears.extend([&layer.o_proj, &layer.down_proj]);
+            linears.push(&layer.o_proj);
             for lin in linears {
                 out.extend(lin.tensors().into_iter().map(|(_, a)| a));
             }
+            out.extend(layer.mlp.tensors());
         }
         out.push(&self.norm);
         if let Some(head) = &self.lm_head {

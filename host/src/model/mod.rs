@@ -21,6 +21,7 @@ pub mod gguf;
 pub mod gguf_file;
 pub mod linear;
 pub mod llama;
+pub mod moe;
 pub mod prefill_attention;
 pub mod ragged;
 pub mod tokenizer;
@@ -321,12 +322,22 @@ fn is_quantized_checkpoint(tensors: &weights::TensorMap) -> bool {
     tensors.keys().any(|name| name.ends_with(".scales"))
 }
 
-/// Parameter count of a Llama config (embedding counted once when tied).
+/// Parameter count of a Llama config (embedding counted once when tied;
+/// every expert of a sparse layer, which all stay in memory).
 fn approx_params(c: &ModelConfig) -> u64 {
     let h = c.hidden_size as u64;
     let hd = c.head_dim() as u64;
     let attn = h * hd * (2 * c.num_attention_heads as u64 + 2 * c.num_key_value_heads as u64);
-    let mlp = 3 * h * c.intermediate_size as u64;
+    let mlp = |l: usize| match (c.moe.is_sparse_layer(l), c.moe.num_experts) {
+        (true, Some(e)) => {
+            let per_expert = 3 * h * c.moe.moe_intermediate_size.unwrap_or(0) as u64;
+            e as u64 * (per_expert + h)
+        }
+        _ => 3 * h * c.intermediate_size as u64,
+    };
     let embed = h * c.vocab_size as u64 * if c.tie_word_embeddings { 1 } else { 2 };
-    c.num_hidden_layers as u64 * (attn + mlp + 2 * h) + embed + h
+    let layers: u64 = (0..c.num_hidden_layers)
+        .map(|l| attn + mlp(l) + 2 * h)
+        .sum();
+    layers + embed + h
 }

@@ -1,5 +1,6 @@
 //! Tensor maps in Hugging Face / MLX naming, from GGUF or safetensors, and
-//! assembly of a model ([`Llama`], [`Gemma3`]) from them.
+//! assembly of a model ([`Llama`], including Qwen3-MoE's sparse layers, and
+//! [`Gemma3`]) from them.
 //!
 //! GGUF tensor names (ggml's `gguf-py/gguf/tensor_mapping.py`) are renamed to
 //! mlx-lm's (`model.layers.N.self_attn.q_proj`, ...). llama.cpp's converter
@@ -16,7 +17,8 @@ use super::config::{ModelConfig, QuantSpec};
 use super::error::{ModelError, Result};
 use super::gemma3::{Gemma3, Gemma3Layer};
 use super::linear::{Embedding, Linear};
-use super::llama::{Layer, Llama, Projections};
+use super::llama::{DenseMlp, Layer, Llama, Mlp, Projections};
+use super::moe::{SparseMoe, SwitchLinear};
 use crate::cache::slab::DecodeSlab;
 use crate::cache::LayerKind;
 
@@ -220,6 +222,60 @@ impl<'a> Loader<'a> {
         })
     }
 
+    /// Layer `l`'s MLP at `mlp` (`model.layers.{l}.mlp`): on the sparse
+    /// layers of a mixture-of-experts model ([`super::config::MoeConfig`])
+    /// its router and experts, else the dense SwiGLU.
+    fn mlp(&self, c: &ModelConfig, l: usize, mlp: &str) -> Result<Mlp> {
+        let h = c.hidden_size;
+        if !c.moe.is_sparse_layer(l) {
+            let i = c.intermediate_size;
+            let gate = self.linear(&format!("{mlp}.gate_proj"), h, i)?;
+            let up = self.linear(&format!("{mlp}.up_proj"), h, i)?;
+            return Ok(Mlp::Dense(DenseMlp {
+                gate_up: self.pack_projections(Projections::new(vec![gate, up])?)?,
+                down_proj: self.pack(self.linear(&format!("{mlp}.down_proj"), i, h)?)?,
+            }));
+        }
+        // `validate` made these present on a model with experts.
+        let experts = c.moe.num_experts.unwrap_or(0);
+        let i = c.moe.moe_intermediate_size.unwrap_or(0);
+        let switch = |proj: &str, in_dim: usize, out_dim: usize| {
+            self.switch_linear(mlp, proj, experts, in_dim, out_dim)
+        };
+        Ok(Mlp::Sparse(SparseMoe {
+            // Never packed: the top-k follows the router's logits to their
+            // last bits, so they keep the exact float32 kernel (the packed
+            // one rounds activations to 24 bits); the product is tiny.
+            router: self.linear(&format!("{mlp}.gate"), h, experts)?,
+            gate_proj: switch("gate_proj", h, i)?,
+            up_proj: switch("up_proj", h, i)?,
+            down_proj: switch("down_proj", i, h)?,
+            top_k: c.moe.num_experts_per_tok.unwrap_or(1) as i32,
+            norm_topk_prob: c.moe.norm_topk_prob.unwrap_or(false),
+        }))
+    }
+
+    /// Projection `proj` of every expert of the MLP at `mlp`, in the compute
+    /// path's layout. Quantized experts stay quantized on the quantized
+    /// path too (MLX's `gather_qmm` reads only the chosen experts; our CPU
+    /// kernels compute plain linears only).
+    fn switch_linear(
+        &self,
+        mlp: &str,
+        proj: &str,
+        experts: usize,
+        in_dim: usize,
+        out_dim: usize,
+    ) -> Result<SwitchLinear> {
+        let sw = SwitchLinear::load(self.tensors, mlp, proj, experts, in_dim, out_dim)?;
+        match self.compute {
+            ComputeDtype::Float32 => sw.to_dense(Dtype::Float32),
+            ComputeDtype::Native => sw.cast(self.act, self.qdtype),
+            ComputeDtype::Quantized if sw.is_quantized() => sw.cast(Dtype::Float32, Dtype::Float32),
+            ComputeDtype::Quantized => sw.to_dense(Dtype::Float32),
+        }
+    }
+
     fn layer_kernel(&self) -> super::cpu_quant::Kernel {
         match self.compute {
             ComputeDtype::Quantized => super::cpu_quant::Kernel::for_layers(),
@@ -313,7 +369,7 @@ pub fn build_llama(
     let hd = c.head_dim();
     let linear = |prefix: &str, in_dim: usize, out_dim: usize| ld.linear(prefix, in_dim, out_dim);
     let vector = |name: &str| ld.vector(name, c.hidden_size);
-    let (h, i) = (c.hidden_size, c.intermediate_size);
+    let h = c.hidden_size;
     let (q_out, kv_out) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
     let mut layers = Vec::with_capacity(c.num_hidden_layers);
     for l in 0..c.num_hidden_layers {
@@ -321,8 +377,6 @@ pub fn build_llama(
         let q = linear(&format!("{p}.self_attn.q_proj"), h, q_out)?;
         let k = linear(&format!("{p}.self_attn.k_proj"), h, kv_out)?;
         let v = linear(&format!("{p}.self_attn.v_proj"), h, kv_out)?;
-        let gate = linear(&format!("{p}.mlp.gate_proj"), h, i)?;
-        let up = linear(&format!("{p}.mlp.up_proj"), h, i)?;
         let qkv_bias = qkv_bias(tensors, &p, [q_out, kv_out, kv_out], act)?;
         let head_norm = |which: &str| -> Result<Option<Array>> {
             let name = format!("{p}.self_attn.{which}.weight");
@@ -339,8 +393,7 @@ pub fn build_llama(
             q_norm: head_norm("q_norm")?,
             k_norm: head_norm("k_norm")?,
             o_proj: ld.pack(linear(&format!("{p}.self_attn.o_proj"), q_out, h)?)?,
-            gate_up: ld.pack_projections(Projections::new(vec![gate, up])?)?,
-            down_proj: ld.pack(linear(&format!("{p}.mlp.down_proj"), i, h)?)?,
+            mlp: ld.mlp(c, l, &format!("{p}.mlp"))?,
         });
     }
     // Packed (on the quantized CPU path): the tied output head streams the

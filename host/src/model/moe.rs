@@ -1,0 +1,717 @@
+//! The sparse mixture-of-experts MLP of Qwen3-MoE (`qwen3_moe`): a router
+//! picks each token's top-k experts, and only those experts' SwiGLU MLPs run
+//! on it, their outputs summed with the router's weights.
+//!
+//! Follows mlx-lm 0.32.2's `Qwen3MoeSparseMoeBlock` (`models/qwen3_moe.py`)
+//! and `SwitchGLU` (`models/switch_layers.py`) op for op, so its numerics are
+//! mlx-lm's: router logits `x @ gate^T`; softmax in float32 whatever the
+//! activation dtype (`precise`), returned in it; the top-k by
+//! `argpartition`; scores renormalised to sum to 1 when `norm_topk_prob`;
+//! each expert's gate/up/down weights stacked `[experts, out, in]` and
+//! multiplied through MLX's `gather_mm` / `gather_qmm`, which read only the
+//! chosen experts' matrices. Every token routes on its own, so the rows of a
+//! ragged batch packed into one `[N, H]` activation need nothing per row.
+
+use mlx_rs::{
+    ops::{self, indexing::IndexOp},
+    Array, Dtype,
+};
+
+use super::config::QuantSpec;
+use super::error::{ModelError, Result};
+use super::linear::Linear;
+use super::weights::TensorMap;
+
+/// `SwitchGLU` sorts the (token, expert) pairs by expert when there are at
+/// least this many, so each expert's weights are read once for a run of
+/// tokens (`do_sort = indices.size >= 64` in mlx-lm).
+const SORT_FROM_PAIRS: i32 = 64;
+
+/// One projection of every expert, stacked: mlx-lm's `SwitchLinear`
+/// (dense) and `QuantizedSwitchLinear` (MLX affine). Applied to each token
+/// with the experts it was routed to.
+#[derive(Debug, Clone)]
+pub enum SwitchLinear {
+    /// `[experts, in, out]` (each expert's weight transposed, contiguous).
+    Dense {
+        /// The stacked transposed weights.
+        weight_t: Array,
+    },
+    /// `weight [experts, out, in * bits / 32]` uint32-packed,
+    /// `scales`/`biases [experts, out, in / group_size]`.
+    Quantized {
+        /// Packed weights.
+        weight: Array,
+        /// Per-group scales.
+        scales: Array,
+        /// Per-group biases.
+        biases: Array,
+        /// Bits and group size.
+        spec: QuantSpec,
+    },
+}
+
+impl SwitchLinear {
+    /// Reads projection `proj` (`gate_proj`, `up_proj`, `down_proj`) of the
+    /// experts of the MLP at `mlp` (`model.layers.N.mlp`) and checks it holds
+    /// `experts` `[out_dim, in_dim]` matrices: `{mlp}.switch_mlp.{proj}.weight`
+    /// (+ `.scales`, `.biases` when quantized) as mlx-lm saves a
+    /// `SwitchLinear`, or, in a Hugging Face checkpoint, one
+    /// `{mlp}.experts.{e}.{proj}.weight` per expert, stacked here as mlx-lm's
+    /// `sanitize` does. The quantization is inferred from the shapes as for
+    /// [`Linear`]s (mlx-lm 0.32 does the same).
+    ///
+    /// Errors: [`ModelError::Tensor`] naming the missing or mis-shaped
+    /// tensor.
+    pub fn load(
+        tensors: &TensorMap,
+        mlp: &str,
+        proj: &str,
+        experts: usize,
+        in_dim: usize,
+        out_dim: usize,
+    ) -> Result<SwitchLinear> {
+        let prefix = format!("{mlp}.switch_mlp.{proj}");
+        let wname = format!("{prefix}.weight");
+        let stacked;
+        let weight = match tensors.get(&wname) {
+            Some(w) => w,
+            None if tensors.contains_key(&format!("{mlp}.experts.0.{proj}.weight")) => {
+                stacked = stack_experts(tensors, mlp, proj, experts, in_dim, out_dim)?;
+                &stacked
+            }
+            None => {
+                return Err(ModelError::Tensor {
+                    name: wname,
+                    reason: "missing from the checkpoint".into(),
+                })
+            }
+        };
+        let shape = weight.shape().to_vec();
+        let bad = |name: &str, reason: String| ModelError::Tensor {
+            name: name.into(),
+            reason,
+        };
+        let (e, o) = (experts as i32, out_dim as i32);
+        if shape.len() != 3 || shape[..2] != [e, o] {
+            return Err(bad(
+                &wname,
+                format!("expected {experts} experts of {out_dim} rows, found shape {shape:?}"),
+            ));
+        }
+        let sname = format!("{prefix}.scales");
+        let Some(scales) = tensors.get(&sname) else {
+            if shape[2] as usize != in_dim {
+                return Err(bad(
+                    &wname,
+                    format!("expected shape [{experts}, {out_dim}, {in_dim}], found {shape:?}"),
+                ));
+            }
+            return Ok(SwitchLinear::Dense {
+                weight_t: weight.swap_axes(1, 2)?.contiguous()?,
+            });
+        };
+        let bname = format!("{prefix}.biases");
+        let biases = tensors.get(&bname).ok_or_else(|| {
+            bad(
+                &bname,
+                "missing beside the quantized weight's scales (affine quantization)".into(),
+            )
+        })?;
+        let groups = match scales.shape() {
+            [se, so, g] if [*se, *so] == [e, o] => *g as usize,
+            other => {
+                return Err(bad(
+                    &sname,
+                    format!("expected [{experts}, {out_dim}, groups], found {other:?}"),
+                ))
+            }
+        };
+        let packed = shape[2] as usize;
+        if groups == 0 || !in_dim.is_multiple_of(groups) || !(packed * 32).is_multiple_of(in_dim) {
+            return Err(bad(
+                &wname,
+                format!(
+                    "cannot infer quantization: packed width {packed}, {groups} groups, input width {in_dim}"
+                ),
+            ));
+        }
+        if biases.shape() != scales.shape() {
+            return Err(bad(
+                &bname,
+                format!(
+                    "expected the scales' shape {:?}, found {:?}",
+                    scales.shape(),
+                    biases.shape()
+                ),
+            ));
+        }
+        Ok(SwitchLinear::Quantized {
+            weight: weight.clone(),
+            scales: scales.clone(),
+            biases: biases.clone(),
+            spec: QuantSpec {
+                group_size: (in_dim / groups) as i32,
+                bits: (packed * 32 / in_dim) as i32,
+            },
+        })
+    }
+
+    /// Dequantizes to dense stacked weights in `dtype` (a cast for dense
+    /// ones), dequantizing in float32 as [`Linear::dense_weight`] does.
+    pub fn to_dense(&self, dtype: Dtype) -> Result<SwitchLinear> {
+        Ok(match self {
+            SwitchLinear::Dense { weight_t } => SwitchLinear::Dense {
+                weight_t: weight_t.as_dtype(dtype)?,
+            },
+            SwitchLinear::Quantized {
+                weight,
+                scales,
+                biases,
+                spec,
+            } => SwitchLinear::Dense {
+                weight_t: ops::dequantize(
+                    weight,
+                    scales.as_dtype(Dtype::Float32)?,
+                    &biases.as_dtype(Dtype::Float32)?,
+                    spec.group_size,
+                    spec.bits,
+                )?
+                .as_dtype(dtype)?
+                .swap_axes(1, 2)?
+                .contiguous()?,
+            },
+        })
+    }
+
+    /// Casts dense weights to `dtype`; quantized weights keep their packed
+    /// storage with scales/biases in `qdtype`, the dtype their product is
+    /// computed in (see [`Linear::cast`]).
+    pub fn cast(&self, dtype: Dtype, qdtype: Dtype) -> Result<SwitchLinear> {
+        Ok(match self {
+            SwitchLinear::Dense { weight_t } => SwitchLinear::Dense {
+                weight_t: weight_t.as_dtype(dtype)?,
+            },
+            SwitchLinear::Quantized {
+                weight,
+                scales,
+                biases,
+                spec,
+            } => SwitchLinear::Quantized {
+                weight: weight.clone(),
+                scales: scales.as_dtype(qdtype)?,
+                biases: biases.as_dtype(qdtype)?,
+                spec: *spec,
+            },
+        })
+    }
+
+    /// Whether the weights are quantized.
+    pub fn is_quantized(&self) -> bool {
+        matches!(self, SwitchLinear::Quantized { .. })
+    }
+
+    /// `x: [..., 1, in]` times the transposed weight of expert
+    /// `experts[...]` for each batch position (`experts` broadcast against
+    /// `x`'s batch axes) -> `[..., 1, out]` in `x`'s dtype. `sorted`: the
+    /// experts are in ascending order (a hint MLX's kernels use).
+    pub fn forward(&self, x: &Array, experts: &Array, sorted: bool) -> Result<Array> {
+        Ok(match self {
+            SwitchLinear::Dense { weight_t } => ops::gather_mm(x, weight_t, None, experts, sorted)?,
+            SwitchLinear::Quantized {
+                weight,
+                scales,
+                biases,
+                spec,
+            } => {
+                // As `Linear::forward_with`: the product runs in the scales'
+                // dtype (float32 on the CPU backend, whose quantized kernels
+                // are far slower in float16) and comes back in x's.
+                let compute = scales.dtype();
+                let xc = if x.dtype() == compute {
+                    x.clone()
+                } else {
+                    x.as_dtype(compute)?
+                };
+                let y = ops::gather_qmm(
+                    &xc,
+                    weight,
+                    scales,
+                    biases,
+                    None,
+                    experts,
+                    true,
+                    spec.group_size,
+                    spec.bits,
+                    sorted,
+                )?;
+                if y.dtype() == x.dtype() {
+                    y
+                } else {
+                    y.as_dtype(x.dtype())?
+                }
+            }
+        })
+    }
+
+    /// Parameter tensors.
+    pub fn tensors(&self) -> Vec<&Array> {
+        match self {
+            SwitchLinear::Dense { weight_t } => vec![weight_t],
+            SwitchLinear::Quantized {
+                weight,
+                scales,
+                biases,
+                ..
+            } => vec![weight, scales, biases],
+        }
+    }
+}
+
+/// A Hugging Face checkpoint's per-expert weights
+/// `{mlp}.experts.{e}.{proj}.weight` (`[out_dim, in_dim]` each) stacked
+/// into `[experts, out_dim, in_dim]`.
+fn stack_experts(
+    tensors: &TensorMap,
+    mlp: &str,
+    proj: &str,
+    experts: usize,
+    in_dim: usize,
+    out_dim: usize,
+) -> Result<Array> {
+    let mut parts = Vec::with_capacity(experts);
+    for e in 0..experts {
+        let name = format!("{mlp}.experts.{e}.{proj}.weight");
+        let w = tensors.get(&name).ok_or_else(|| ModelError::Tensor {
+            name: name.clone(),
+            reason: "missing from the checkpoint (the other experts' weights are present)".into(),
+        })?;
+        if w.shape() != [out_dim as i32, in_dim as i32] {
+            return Err(ModelError::Tensor {
+                name,
+                reason: format!(
+                    "expected shape [{out_dim}, {in_dim}], found {:?}",
+                    w.shape()
+                ),
+            });
+        }
+        if tensors.contains_key(&format!("{mlp}.experts.{e}.{proj}.scales")) {
+            return Err(ModelError::Tensor {
+                name,
+                reason: "quantized per-expert weights are not supported; convert the \
+                         checkpoint with mlx-lm, which stacks them"
+                    .into(),
+            });
+        }
+        parts.push(w);
+    }
+    Ok(ops::stack(&parts, 0)?)
+}
+
+/// The experts of one sparse layer and their router (mlx-lm's
+/// `Qwen3MoeSparseMoeBlock`).
+#[derive(Debug, Clone)]
+pub struct SparseMoe {
+    /// The router, `mlp.gate`: `[experts, H]`.
+    pub router: Linear,
+    /// Every expert's `gate_proj`, `[experts, I, H]`
+    /// (`mlp.switch_mlp.gate_proj`).
+    pub gate_proj: SwitchLinear,
+    /// Every expert's `up_proj`, `[experts, I, H]`.
+    pub up_proj: SwitchLinear,
+    /// Every expert's `down_proj`, `[experts, H, I]`.
+    pub down_proj: SwitchLinear,
+    /// Experts per token (`num_experts_per_tok`).
+    pub top_k: i32,
+    /// Renormalise the chosen experts' probabilities to sum to 1.
+    pub norm_topk_prob: bool,
+}
+
+impl SparseMoe {
+    /// `x: [N, H]` -> `[N, H]` in `x`'s dtype: each token through its top-k
+    /// experts, weighted by the router.
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let (experts, scores) = self.route(x)?;
+        let y = self.experts(x, &experts)?;
+        let weighted = ops::multiply(&y, scores.expand_dims(-1)?)?;
+        Ok(weighted.sum_axis(-2, false)?.as_dtype(y.dtype())?)
+    }
+
+    /// Each token's chosen experts `[N, k]` (uint32, in no particular order)
+    /// and their weights `[N, k]` (x's dtype): the router's softmax
+    /// probabilities, renormalised over the k when `norm_topk_prob`.
+    pub fn route(&self, x: &Array) -> Result<(Array, Array)> {
+        let logits = self.router.forward(x)?;
+        // Softmax accumulated in float32 (mlx-lm's `precise=True`), so a
+        // float16 model routes as mlx-lm's does.
+        let probs = ops::softmax_axis(&logits, -1, true)?;
+        let n_experts = probs.shape()[probs.ndim() - 1];
+        let first = n_experts - self.top_k;
+        let experts = ops::argpartition_axis(&probs, first, -1)?.index((.., first..));
+        let scores = probs.take_along_axis(&experts, -1)?;
+        let scores = if self.norm_topk_prob {
+            ops::divide(&scores, scores.sum_axis(-1, true)?)?
+        } else {
+            scores
+        };
+        Ok((experts, scores))
+    }
+
+    /// Each token through each of its experts' SwiGLU MLPs: `x: [N, H]`,
+    /// `experts: [N, k]` -> `[N, k, H]` (mlx-lm's `SwitchGLU`).
+    pub fn experts(&self, x: &Array, experts: &Array) -> Result<Array> {
+        let (n, h) = (x.shape()[0], x.shape()[1]);
+        let k = self.top_k;
+        if n * k < SORT_FROM_PAIRS {
+            // Each token a batch element `[N, 1, 1, H]`, broadcast against
+            // its k experts: `[N, k, 1, out]`.
+            let y = self.swiglu(&x.reshape(&[n, 1, 1, h])?, experts, false)?;
+            return Ok(y.reshape(&[n, k, h])?);
+        }
+        // (token, expert) pairs in expert order, then back in token order.
+        let flat = experts.reshape(&[n * k])?;
+        let order = ops::argsort_axis(&flat, 0)?;
+        let back = ops::argsort_axis(&order, 0)?;
+        let tokens = ops::floor_divide(&order, Array::from_slice(&[k as u32], &[1]))?;
+        let xs = x.take_axis(&tokens, 0)?.reshape(&[n * k, 1, h])?;
+        let y = self.swiglu(&xs, &flat.take_axis(&order, 0)?, true)?;
+        Ok(y.take_axis(&back, 0)?.reshape(&[n, k, h])?)
+    }
+
+    /// `down(silu(gate(x)) * up(x))` with each position's expert.
+    fn swiglu(&self, x: &Array, experts: &Array, sorted: bool) -> Result<Array> {
+        let up = self.up_proj.forward(x, experts, sorted)?;
+        let gate = self.gate_proj.forward(x, experts, sorted)?;
+        let act = ops::multiply(ops::multiply(&gate, ops::sigmoid(&gate)?)?, &up)?;
+        self.down_proj.forward(&act, experts, sorted)
+    }
+
+    /// Parameter tensors.
+    pub fn tensors(&self) -> Vec<&Array> {
+        let mut out: Vec<&Array> = self.router.tensors().into_iter().map(|(_, a)| a).collect();
+        for s in [&self.gate_proj, &self.up_proj, &self.down_proj] {
+            out.extend(s.tensors());
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_rs::random;
+
+    const H: i32 = 16;
+    const I: i32 = 32;
+    const E: i32 = 6;
+
+    /// Normal values times `scale`, from `key`.
+    fn normal(shape: &[i32], scale: f32, key: u64) -> Array {
+        let k = random::key(key).expect("key");
+        random::normal::<f32>(shape, None, scale, &k).expect("normal")
+    }
+
+    fn values(a: &Array) -> Vec<f32> {
+        a.as_dtype(Dtype::Float32)
+            .expect("cast")
+            .as_slice::<f32>()
+            .to_vec()
+    }
+
+    /// The expert weights as a checkpoint holds them (`[E, out, in]`).
+    fn checkpoint(key: u64) -> TensorMap {
+        let mut t = TensorMap::new();
+        let p = "model.layers.0.mlp";
+        t.insert(format!("{p}.gate.weight"), normal(&[E, H], 0.5, key));
+        t.insert(
+            format!("{p}.switch_mlp.gate_proj.weight"),
+            normal(&[E, I, H], 0.3, key + 1),
+        );
+        t.insert(
+            format!("{p}.switch_mlp.up_proj.weight"),
+            normal(&[E, I, H], 0.3, key + 2),
+        );
+        t.insert(
+            format!("{p}.switch_mlp.down_proj.weight"),
+            normal(&[E, H, I], 0.3, key + 3),
+        );
+        t
+    }
+
+    fn block(t: &TensorMap, top_k: i32, norm: bool) -> Result<SparseMoe> {
+        let p = "model.layers.0.mlp";
+        let (h, i, e) = (H as usize, I as usize, E as usize);
+        let router = Linear::Dense {
+            weight_t: t[&format!("{p}.gate.weight")].t().contiguous()?,
+        };
+        let sw = |name: &str, in_dim, out_dim| SwitchLinear::load(t, p, name, e, in_dim, out_dim);
+        Ok(SparseMoe {
+            router,
+            gate_proj: sw("gate_proj", h, i)?,
+            up_proj: sw("up_proj", h, i)?,
+            down_proj: sw("down_proj", i, h)?,
+            top_k,
+            norm_topk_prob: norm,
+        })
+    }
+
+    /// Row `r` of a `[rows, cols]` row-major slice.
+    fn row(v: &[f32], r: usize, cols: usize) -> &[f32] {
+        &v[r * cols..(r + 1) * cols]
+    }
+
+    fn dot(a: &[f32], b: &[f32]) -> f64 {
+        a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum()
+    }
+
+    /// Plain routing in f64: (expert, weight) pairs of each token, by expert.
+    fn plain_route(
+        x: &[f32],
+        router: &[f32],
+        n: usize,
+        k: usize,
+        norm: bool,
+    ) -> Vec<Vec<(u32, f64)>> {
+        let (h, e) = (H as usize, E as usize);
+        (0..n)
+            .map(|t| {
+                let logits: Vec<f64> = (0..e)
+                    .map(|j| dot(row(x, t, h), row(router, j, h)))
+                    .collect();
+                let max = logits.iter().cloned().fold(f64::MIN, f64::max);
+                let z: f64 = logits.iter().map(|l| (l - max).exp()).sum();
+                let mut p: Vec<(u32, f64)> = logits
+                    .iter()
+                    .enumerate()
+                    .map(|(j, l)| (j as u32, (l - max).exp() / z))
+                    .collect();
+                p.sort_by(|a, b| b.1.total_cmp(&a.1));
+                p.truncate(k);
+                let s: f64 = p.iter().map(|x| x.1).sum();
+                if norm {
+                    p.iter_mut().for_each(|x| x.1 /= s);
+                }
+                p.sort_by_key(|x| x.0);
+                p
+            })
+            .collect()
+    }
+
+    #[test]
+    fn routes_each_token_to_its_top_k_with_renormalised_weights() -> Result<()> {
+        let t = checkpoint(1);
+        let n = 9usize;
+        let x = normal(&[n as i32, H], 1.0, 50);
+        let router = values(&t["model.layers.0.mlp.gate.weight"]);
+        for (k, norm) in [(2, true), (2, false), (3, true), (1, false)] {
+            let moe = block(&t, k, norm)?;
+            let (experts, scores) = moe.route(&x)?;
+            assert_eq!(experts.shape(), [n as i32, k]);
+            let ids = experts.as_dtype(Dtype::Uint32)?;
+            let ids = ids.as_slice::<u32>();
+            let w = values(&scores);
+            let want = plain_route(&values(&x), &router, n, k as usize, norm);
+            for (tok, want) in want.iter().enumerate() {
+                let mut got: Vec<(u32, f32)> = (0..k as usize)
+                    .map(|j| (ids[tok * k as usize + j], w[tok * k as usize + j]))
+                    .collect();
+                got.sort_by_key(|x| x.0);
+                for ((ge, gw), (we, ww)) in got.iter().zip(want) {
+                    assert_eq!(ge, we, "k={k} token {tok}: experts {got:?} vs {want:?}");
+                    assert!(
+                        (*gw as f64 - ww).abs() < 1e-5,
+                        "k={k} token {tok}: {gw} vs {ww}"
+                    );
+                }
+                if norm {
+                    let sum: f32 = got.iter().map(|x| x.1).sum();
+                    assert!((sum - 1.0).abs() < 1e-5);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The block's output computed token by token in f64 from the
+    /// checkpoint's weights.
+    fn plain_forward(t: &TensorMap, x: &[f32], n: usize, k: usize) -> Vec<f64> {
+        let p = "model.layers.0.mlp";
+        let get = |name: &str| values(&t[&format!("{p}.{name}.weight")]);
+        let (router, gate, up, down) = (
+            get("gate"),
+            get("switch_mlp.gate_proj"),
+            get("switch_mlp.up_proj"),
+            get("switch_mlp.down_proj"),
+        );
+        let (h, i) = (H as usize, I as usize);
+        let mut out = vec![0f64; n * h];
+        for (tok, chosen) in plain_route(x, &router, n, k, true).iter().enumerate() {
+            let xt = row(x, tok, h);
+            for &(e, w) in chosen {
+                let e = e as usize;
+                let act: Vec<f32> = (0..i)
+                    .map(|r| {
+                        let g = dot(xt, row(&gate, e * i + r, h));
+                        let u = dot(xt, row(&up, e * i + r, h));
+                        (g / (1.0 + (-g).exp()) * u) as f32
+                    })
+                    .collect();
+                for c in 0..h {
+                    out[tok * h + c] += w * dot(&act, row(&down, e * h + c, i));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn output_is_the_weighted_sum_of_the_chosen_experts() -> Result<()> {
+        let t = checkpoint(7);
+        // 3 tokens take the unsorted path, 40 (80 pairs) the sorted one.
+        for n in [3usize, 40] {
+            let x = normal(&[n as i32, H], 1.0, 60 + n as u64);
+            let got = values(&block(&t, 2, true)?.forward(&x)?);
+            let want = plain_forward(&t, &values(&x), n, 2);
+            for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!((*g as f64 - w).abs() < 1e-4, "n={n} [{j}]: {g} vs {w}");
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn tokens_batched_together_equal_tokens_alone() -> Result<()> {
+        // A ragged batch's rows, packed: 1 token, 3 tokens, 36 tokens (the
+        // batch sorts its 80 pairs; each row alone takes the other path).
+        let t = checkpoint(11);
+        let moe = block(&t, 2, true)?;
+        let x = normal(&[40, H], 1.0, 70);
+        let batched = values(&moe.forward(&x)?);
+        let mut alone = Vec::new();
+        for (start, end) in [(0, 1), (1, 4), (4, 40)] {
+            alone.extend(values(&moe.forward(&x.index(start..end))?));
+        }
+        for (j, (b, a)) in batched.iter().zip(&alone).enumerate() {
+            assert!((b - a).abs() < 1e-5, "[{j}]: batched {b} vs alone {a}");
+        }
+        // The tokens route to more than two experts between them.
+        let (experts, _) = moe.route(&x)?;
+        let mut seen = values(&experts);
+        seen.sort_by(f32::total_cmp);
+        seen.dedup();
+        assert!(seen.len() > 2, "experts used: {seen:?}");
+        Ok(())
+    }
+
+    #[test]
+    fn quantized_experts_equal_their_dequantized_weights() -> Result<()> {
+        let dense = checkpoint(13);
+        let mut quant = dense.clone();
+        for name in ["gate_proj", "up_proj", "down_proj"] {
+            let p = format!("model.layers.0.mlp.switch_mlp.{name}");
+            let (w, s, b) = ops::quantize(&dense[&format!("{p}.weight")], 16, 4)?;
+            quant.insert(format!("{p}.weight"), w);
+            quant.insert(format!("{p}.scales"), s);
+            quant.insert(format!("{p}.biases"), b);
+        }
+        let q = block(&quant, 2, true)?;
+        assert!(q.gate_proj.is_quantized());
+        assert!(matches!(
+            q.down_proj,
+            SwitchLinear::Quantized {
+                spec: QuantSpec {
+                    group_size: 16,
+                    bits: 4
+                },
+                ..
+            }
+        ));
+        let deq = SparseMoe {
+            gate_proj: q.gate_proj.to_dense(Dtype::Float32)?,
+            up_proj: q.up_proj.to_dense(Dtype::Float32)?,
+            down_proj: q.down_proj.to_dense(Dtype::Float32)?,
+            ..q.clone()
+        };
+        for n in [5, 40] {
+            let x = normal(&[n, H], 1.0, 80 + n as u64);
+            let (a, b) = (values(&q.forward(&x)?), values(&deq.forward(&x)?));
+            for (j, (a, b)) in a.iter().zip(&b).enumerate() {
+                assert!(
+                    (a - b).abs() < 1e-4,
+                    "n={n} [{j}]: gather_qmm {a} vs gather_mm {b}"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn hugging_face_per_expert_weights_are_stacked() -> Result<()> {
+        let t = checkpoint(17);
+        let mut hf = TensorMap::new();
+        let p = "model.layers.0.mlp";
+        hf.insert(
+            format!("{p}.gate.weight"),
+            t[&format!("{p}.gate.weight")].clone(),
+        );
+        for proj in ["gate_proj", "up_proj", "down_proj"] {
+            let w = &t[&format!("{p}.switch_mlp.{proj}.weight")];
+            for e in 0..E {
+                hf.insert(format!("{p}.experts.{e}.{proj}.weight"), w.index(e));
+            }
+        }
+        let x = normal(&[4, H], 1.0, 90);
+        let a = values(&block(&t, 2, true)?.forward(&x)?);
+        let b = values(&block(&hf, 2, true)?.forward(&x)?);
+        assert_eq!(a, b);
+        hf.remove(&format!("{p}.experts.3.up_proj.weight"));
+        let msg = block(&hf, 2, true).map(|_| ()).unwrap_err().to_string();
+        assert!(
+            msg.contains(&format!("{p}.experts.3.up_proj.weight")),
+            "{msg}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn missing_or_misshaped_expert_tensors_are_named() {
+        let p = "model.layers.0.mlp.switch_mlp";
+        let err = |t: &TensorMap| match block(t, 2, true) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("loaded a broken checkpoint"),
+        };
+        let mut t = checkpoint(3);
+        t.remove(&format!("{p}.up_proj.weight"));
+        let msg = err(&t);
+        assert!(
+            msg.contains(&format!("{p}.up_proj.weight")) && msg.contains("missing"),
+            "{msg}"
+        );
+
+        let mut t = checkpoint(3);
+        t.insert(
+            format!("{p}.down_proj.weight"),
+            normal(&[E - 1, H, I], 1.0, 1),
+        );
+        let msg = err(&t);
+        assert!(
+            msg.contains(&format!("{p}.down_proj.weight")) && msg.contains("experts"),
+            "{msg}"
+        );
+
+        let mut t = checkpoint(3);
+        t.insert(
+            format!("{p}.gate_proj.weight"),
+            normal(&[E, I, H + 1], 1.0, 1),
+        );
+        assert!(err(&t).contains(&format!("{p}.gate_proj.weight")));
+
+        let mut t = checkpoint(3);
+        let w = format!("{p}.gate_proj.weight");
+        let (qw, s, _) = ops::quantize(&t[&w], 16, 4).expect("quantize");
+        t.insert(w, qw);
+        t.insert(format!("{p}.gate_proj.scales"), s);
+        let msg = err(&t);
+        assert!(msg.contains(&format!("{p}.gate_proj.biases")), "{msg}");
+    }
+}
