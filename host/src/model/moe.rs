@@ -401,8 +401,8 @@ mod tests {
     use super::*;
     use mlx_rs::random;
 
-    const H: i32 = 16;
-    const I: i32 = 32;
+    const H: i32 = 32;
+    const I: i32 = 64;
     const E: i32 = 6;
 
     /// Normal values times `scale`, from `key`.
@@ -507,7 +507,7 @@ mod tests {
             let moe = block(&t, k, norm)?;
             let (experts, scores) = moe.route(&x)?;
             assert_eq!(experts.shape(), [n as i32, k]);
-            let ids = experts.as_dtype(Dtype::Uint32)?;
+            let ids = experts.contiguous()?;
             let ids = ids.as_slice::<u32>();
             let w = values(&scores);
             let want = plain_route(&values(&x), &router, n, k as usize, norm);
@@ -609,7 +609,7 @@ mod tests {
         let mut quant = dense.clone();
         for name in ["gate_proj", "up_proj", "down_proj"] {
             let p = format!("model.layers.0.mlp.switch_mlp.{name}");
-            let (w, s, b) = ops::quantize(&dense[&format!("{p}.weight")], 16, 4)?;
+            let (w, s, b) = ops::quantize(&dense[&format!("{p}.weight")], 32, 4)?;
             quant.insert(format!("{p}.weight"), w);
             quant.insert(format!("{p}.scales"), s);
             quant.insert(format!("{p}.biases"), b);
@@ -620,7 +620,7 @@ mod tests {
             q.down_proj,
             SwitchLinear::Quantized {
                 spec: QuantSpec {
-                    group_size: 16,
+                    group_size: 32,
                     bits: 4
                 },
                 ..
@@ -708,7 +708,7 @@ mod tests {
 
         let mut t = checkpoint(3);
         let w = format!("{p}.gate_proj.weight");
-        let (qw, s, _) = ops::quantize(&t[&w], 16, 4).expect("quantize");
+        let (qw, s, _) = ops::quantize(&t[&w], 32, 4).expect("quantize");
         t.insert(w, qw);
         t.insert(format!("{p}.gate_proj.scales"), s);
         let msg = err(&t);
