@@ -13,8 +13,10 @@
 //! (`model/llama.rs`): KV `[layers, 2, H_kv, T, D]` in the activation dtype
 //! (sliding-window layers keep at most their window), attention scores
 //! `[H, chunk, T]` in float32 for one layer at a time, the MLP's
-//! `[chunk, intermediate]` gate, up and product, and the last position's
-//! logits `[vocab]` in float32.
+//! `[chunk, intermediate]` gate, up and product (a mixture-of-experts
+//! layer's `[chunk, k, I_expert]` ones and its `[chunk, k, hidden]` gathered
+//! inputs, expert outputs and weighted outputs, `model/moe.rs`), and the last
+//! position's logits `[vocab]` in float32.
 
 use crate::cache::LayerKind;
 use crate::model::ModelConfig;
@@ -33,13 +35,28 @@ pub struct RowShape {
     pub head_dim: usize,
     /// Residual width.
     pub hidden: usize,
-    /// MLP width.
+    /// MLP width per token: the dense MLP's, or a sparse layer's
+    /// `k × (I_expert + hidden)` when larger (see the module doc).
     pub intermediate: usize,
     /// Vocabulary size.
     pub vocab: usize,
     /// Bytes per KV element (the activation dtype: 2 for float16/bfloat16,
     /// 4 for float32).
     pub kv_elem_bytes: usize,
+}
+
+/// A sparse layer's per-token MLP width: its `k` experts' `I_expert`-wide
+/// gate, up and product plus their `hidden`-wide gathered inputs, outputs
+/// and weighted outputs, counted as three buffers of `k × (I_expert +
+/// hidden)`; 0 for a dense model.
+fn expert_width(config: &ModelConfig) -> usize {
+    let moe = &config.moe;
+    match (moe.num_experts, moe.num_experts_per_tok) {
+        (Some(e), Some(k)) if e > 0 => {
+            k * (moe.moe_intermediate_size.unwrap_or(0) + config.hidden_size)
+        }
+        _ => 0,
+    }
 }
 
 impl RowShape {
@@ -52,7 +69,7 @@ impl RowShape {
             heads: config.num_attention_heads,
             head_dim: config.head_dim(),
             hidden: config.hidden_size,
-            intermediate: config.intermediate_size,
+            intermediate: config.intermediate_size.max(expert_width(config)),
             vocab: config.vocab_size,
             kv_elem_bytes,
         }
@@ -212,6 +229,25 @@ mod tests {
             vocab: 49152,
             kv_elem_bytes: 4,
         }
+    }
+
+    #[test]
+    fn sparse_layers_count_their_chosen_experts_buffers() {
+        // Qwen3-30B-A3B's shape: 8 of 128 experts, 768 wide, hidden 2048.
+        let mut c: ModelConfig = serde_json::from_value(serde_json::json!({
+            "model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48,
+            "intermediate_size": 6144, "num_attention_heads": 32, "num_key_value_heads": 4,
+            "head_dim": 128, "rms_norm_eps": 1e-6, "vocab_size": 151936, "num_experts": 128,
+            "num_experts_per_tok": 8, "moe_intermediate_size": 768
+        }))
+        .expect("config");
+        let kinds = vec![LayerKind::Full; 48];
+        assert_eq!(
+            RowShape::new(&c, kinds.clone(), 2).intermediate,
+            8 * (768 + 2048)
+        );
+        c.moe = Default::default();
+        assert_eq!(RowShape::new(&c, kinds, 2).intermediate, 6144);
     }
 
     #[test]
