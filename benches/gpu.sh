@@ -17,7 +17,8 @@
 # (docs/gpu.md). Env: MLXHOST_BIN (target/release/mlxhost), MLX_LM_PYTHON (python3 with mlx-lm
 # and MLX's GPU build), GGUF, MLX_DIR, LEVELS ("1 4 8 16"), MAX_TOKENS (128), ROUNDS (3: rounds
 # per level, so C=1 is a median over three requests), ROUNDS_SIDE_BY_SIDE (16), PREFILL (4096),
-# PLUGINS (plugins). Prints JSON lines and concurrency.py's table.
+# PLUGINS (plugins), EXTRA_SERVE_ARGS (more `mlxhost serve` flags). For a real-shape directory
+# (benches/make_real_shape.py) set MLX_DIR to it. Prints JSON lines and concurrency.py's table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE="${MLXHOST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlxhost}"
@@ -45,7 +46,7 @@ echo "# 1. model step alone"
 "$PY" -m mlx_lm.benchmark --model "$MLX_DIR" --prompt-tokens 512 --generation-tokens 128 --num-trials 3 --batch-size 8
 
 echo "# 2. servers: ready, first request, ${PREFILL:-4096}-token prefill"
-"$BIN" serve --model "$MLX_DIR" --plugins "${PLUGINS:-plugins}" --port 18080 2>"$LOGS/mlxhost.log" & PIDS+=($!)
+"$BIN" serve --model "$MLX_DIR" --plugins "${PLUGINS:-plugins}" --port 18080 ${EXTRA_SERVE_ARGS:-} 2>"$LOGS/mlxhost.log" & PIDS+=($!)
 echo "{\"server\": \"mlxhost\", \"ready_s\": $(wait_up http://127.0.0.1:18080/health "$LOGS/mlxhost.log")}"
 python3 benches/gpu_requests.py first http://127.0.0.1:18080
 "$PY" -m mlx_lm.server --model "$MLX_DIR" --port 18081 2>"$LOGS/mlx-lm.log" & PIDS+=($!); MLXLM_PID=$!
