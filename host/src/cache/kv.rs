@@ -22,7 +22,7 @@
 use mlx_rs::{ops, ops::indexing::IndexOp, ops::indexing::TryIndexMutOp, Array, Dtype};
 
 use super::slab::SlabLink;
-use crate::model::error::Result;
+use crate::model::error::{ModelError, Result};
 
 /// What one layer of a [`KvCache`] keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -48,6 +48,17 @@ impl LayerKind {
             LayerKind::SlidingWindow { window } => format!("sliding{window}"),
         }
     }
+}
+
+/// The head geometry of one cache layer: keys and values are
+/// `[1, kv_heads, T, head_dim]`. Uniform for most models; Gemma 4's full
+/// layers have their own (`global_head_dim`, `num_global_key_value_heads`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KvShape {
+    /// Key/value heads (`H_kv`).
+    pub kv_heads: usize,
+    /// Head dimension (`D`).
+    pub head_dim: usize,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -297,6 +308,30 @@ impl KvCache {
             k_buf.index((.., .., ..e, ..)),
             v_buf.index((.., .., ..e, ..)),
         ))
+    }
+
+    /// What [`KvCache::update`] of `layer` returned in this step, read
+    /// again: the valid prefix through the step's `t` new positions, which
+    /// that call must already have written (`[1, H_kv, offset + t -
+    /// layer_start, D]` each). Gemma 4's KV-shared layers attend over an
+    /// earlier layer's keys and values this way instead of writing their own.
+    ///
+    /// Errors: [`ModelError::Tensor`] when the layer was not written up to
+    /// `offset + t` (a shared layer ahead of its source layer).
+    pub fn written(&mut self, layer: usize, t: usize) -> Result<(Array, Array)> {
+        self.detach();
+        let end = self.offset + t;
+        let slot = &self.layers[layer];
+        match (slot.keys.as_ref(), slot.values.as_ref()) {
+            (Some(k), Some(v)) if end - slot.start <= slot.capacity() => {
+                let e = (end - slot.start) as i32;
+                Ok((k.index((.., .., ..e, ..)), v.index((.., .., ..e, ..))))
+            }
+            _ => Err(ModelError::Tensor {
+                name: format!("KV cache layer {layer}"),
+                reason: format!("read before positions up to {end} were written"),
+            }),
+        }
     }
 
     /// Makes sliding-window `layer`'s buffer hold positions up to `end`:

@@ -10,7 +10,7 @@ pub mod slab;
 pub mod ssd;
 pub mod tiers;
 
-pub use kv::{KvCache, LayerKind};
+pub use kv::{KvCache, KvShape, LayerKind};
 pub use prompt::{PromptCache, PromptCacheStats};
 pub use responses::{ResponseStore, ResponseStoreConfig};
 pub use ssd::{SsdCache, SsdCacheStats, SsdConfig};

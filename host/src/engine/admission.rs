@@ -11,33 +11,38 @@
 //!
 //! The estimate is an upper bound of the model graph's own buffers
 //! (`model/llama.rs`): KV `[layers, 2, H_kv, T, D]` in the activation dtype
-//! (sliding-window layers keep at most their window), attention scores
+//! (per cache layer: sliding-window layers keep at most their window, and
+//! Gemma 4's full layers have their own `H_kv` and `D`), attention scores
 //! `[H, chunk, T]` in float32 for one layer at a time, the MLP's
 //! `[chunk, intermediate]` gate, up and product (a mixture-of-experts
 //! layer's `[chunk, k, I_expert]` ones and its `[chunk, k, hidden]` gathered
-//! inputs, expert outputs and weighted outputs, `model/moe.rs`), and the last
-//! position's logits `[vocab]` in float32.
+//! inputs, expert outputs and weighted outputs, `model/moe.rs`), Gemma 4's
+//! per-layer inputs `[chunk, layers × P]` (`model/gemma4/per_layer.rs`),
+//! and the last position's logits `[vocab]` in float32.
 
-use crate::cache::LayerKind;
+use crate::cache::{KvShape, LayerKind};
 use crate::model::ModelConfig;
 
 /// The shape numbers the estimate needs (from the model's config and KV
 /// cache kinds).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RowShape {
-    /// Transformer layers' cache kinds (one per layer).
+    /// Cache layers' kinds (one per layer of the model's KV cache).
     pub kinds: Vec<LayerKind>,
-    /// KV heads per layer (`H_kv`).
-    pub kv_heads: usize,
+    /// Cache layers' KV heads (`H_kv`) and head dimension (`D`), as many
+    /// as `kinds`.
+    pub kv_shapes: Vec<KvShape>,
     /// Query heads per layer (`H`).
     pub heads: usize,
-    /// Head dimension (`D`).
-    pub head_dim: usize,
     /// Residual width.
     pub hidden: usize,
-    /// MLP width per token: the dense MLP's, or a sparse layer's
+    /// MLP width per token: the widest dense MLP's (Gemma 4's KV-shared
+    /// layers may be twice as wide), or a sparse layer's
     /// `k × (I_expert + hidden)` when larger (see the module doc).
     pub intermediate: usize,
+    /// Gemma 4's per-layer inputs per token (`layers × width`; 0 without),
+    /// held for the whole forward.
+    pub per_layer_inputs: usize,
     /// Vocabulary size.
     pub vocab: usize,
     /// Bytes per KV element (the activation dtype: 2 for float16/bfloat16,
@@ -60,32 +65,44 @@ fn expert_width(config: &ModelConfig) -> usize {
 }
 
 impl RowShape {
-    /// The shape of a model with `config`, layer kinds `kinds` and
+    /// The shape of a model with `config`, cache layer kinds `kinds` and
+    /// shapes `kv_shapes` (`CausalLm::new_cache` and `kv_shapes`), and
     /// activation elements of `kv_elem_bytes` bytes.
-    pub fn new(config: &ModelConfig, kinds: Vec<LayerKind>, kv_elem_bytes: usize) -> RowShape {
+    pub fn new(
+        config: &ModelConfig,
+        kinds: Vec<LayerKind>,
+        kv_shapes: Vec<KvShape>,
+        kv_elem_bytes: usize,
+    ) -> RowShape {
+        let g = &config.gemma4;
+        let widest_dense = (0..config.num_hidden_layers)
+            .map(|l| g.mlp_width(config, l))
+            .max()
+            .unwrap_or(config.intermediate_size);
         RowShape {
             kinds,
-            kv_heads: config.num_key_value_heads,
+            kv_shapes,
             heads: config.num_attention_heads,
-            head_dim: config.head_dim(),
             hidden: config.hidden_size,
-            intermediate: config.intermediate_size.max(expert_width(config)),
+            intermediate: widest_dense.max(expert_width(config)),
+            per_layer_inputs: config.num_hidden_layers * g.per_layer_width(),
             vocab: config.vocab_size,
             kv_elem_bytes,
         }
     }
 
-    /// KV bytes of a row holding `tokens` positions: per layer
+    /// KV bytes of a row holding `tokens` positions: per cache layer
     /// `2 × H_kv × min(tokens, window) × D × elem`.
     pub fn kv_bytes(&self, tokens: usize) -> u64 {
-        let per_position = (2 * self.kv_heads * self.head_dim * self.kv_elem_bytes) as u64;
         self.kinds
             .iter()
-            .map(|k| {
+            .zip(&self.kv_shapes)
+            .map(|(k, s)| {
                 let kept = match k {
                     LayerKind::Full => tokens,
                     LayerKind::SlidingWindow { window } => tokens.min(*window),
                 };
+                let per_position = (2 * s.kv_heads * s.head_dim * self.kv_elem_bytes) as u64;
                 kept as u64 * per_position
             })
             .sum()
@@ -100,8 +117,10 @@ impl RowShape {
         let scores = (self.heads * chunk * (context + chunk)) as u64 * f32;
         let mlp = (3 * chunk * self.intermediate) as u64 * f32;
         let residual = (4 * chunk * self.hidden) as u64 * f32;
+        // The per-layer embeddings, their projection and their sum.
+        let per_layer = (3 * chunk * self.per_layer_inputs) as u64 * f32;
         let logits = self.vocab as u64 * f32;
-        scores + mlp + residual + logits
+        scores + mlp + residual + per_layer + logits
     }
 
     /// The most a row of `prompt` tokens generating up to `max_new` tokens
@@ -219,13 +238,17 @@ mod tests {
     use super::*;
 
     fn shape(kinds: Vec<LayerKind>) -> RowShape {
-        RowShape {
-            kinds,
+        let kv = KvShape {
             kv_heads: 3,
-            heads: 9,
             head_dim: 64,
+        };
+        RowShape {
+            kv_shapes: vec![kv; kinds.len()],
+            kinds,
+            heads: 9,
             hidden: 576,
             intermediate: 1536,
+            per_layer_inputs: 0,
             vocab: 49152,
             kv_elem_bytes: 4,
         }
@@ -242,12 +265,19 @@ mod tests {
         }))
         .expect("config");
         let kinds = vec![LayerKind::Full; 48];
+        let kv = vec![
+            KvShape {
+                kv_heads: 4,
+                head_dim: 128
+            };
+            48
+        ];
         assert_eq!(
-            RowShape::new(&c, kinds.clone(), 2).intermediate,
+            RowShape::new(&c, kinds.clone(), kv.clone(), 2).intermediate,
             8 * (768 + 2048)
         );
         c.moe = Default::default();
-        assert_eq!(RowShape::new(&c, kinds, 2).intermediate, 6144);
+        assert_eq!(RowShape::new(&c, kinds, kv, 2).intermediate, 6144);
     }
 
     #[test]

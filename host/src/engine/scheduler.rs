@@ -884,7 +884,12 @@ fn row_shape(model: &LoadedModel) -> RowShape {
         mlx_rs::Dtype::Float32 => 4,
         _ => 2,
     };
-    RowShape::new(model.model.config(), model.model.new_cache().kinds(), elem)
+    RowShape::new(
+        model.model.config(),
+        model.model.new_cache().kinds(),
+        model.model.kv_shapes(),
+        elem,
+    )
 }
 
 /// Validates and instantiates one request; `None` when it failed (its sink

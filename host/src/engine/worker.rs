@@ -594,7 +594,6 @@ fn open_ssd(model: &LoadedModel, cfg: &SsdConfig) -> Result<SsdCache, String> {
                 model.path.display()
             )
         })?;
-    let config = model.model.config();
     let identity = ModelIdentity {
         model: fingerprint,
         tokenizer: model
@@ -602,9 +601,7 @@ fn open_ssd(model: &LoadedModel, cfg: &SsdConfig) -> Result<SsdCache, String> {
             .fingerprint()
             .map_err(|e| format!("fingerprinting the tokenizer for --ssd-cache: {e}"))?,
         geometry: KvGeometry {
-            layers: config.num_hidden_layers,
-            kv_heads: config.num_key_value_heads,
-            head_dim: config.head_dim(),
+            shapes: model.model.kv_shapes(),
             dtype: model.model.dtype(),
             kinds: model.model.new_cache().kinds(),
         },

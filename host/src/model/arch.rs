@@ -6,7 +6,7 @@ use mlx_rs::{Array, Dtype};
 use super::config::ModelConfig;
 use super::error::Result;
 use super::llama::RowInput;
-use crate::cache::KvCache;
+use crate::cache::{KvCache, KvShape};
 
 /// A decoder-only language model over a ragged batch of rows.
 pub trait CausalLm {
@@ -30,6 +30,19 @@ pub trait CausalLm {
 
     /// A fresh KV cache for one row.
     fn new_cache(&self) -> KvCache;
+
+    /// Each cache layer's key/value geometry (one entry per layer of
+    /// [`CausalLm::new_cache`]): the config's `num_key_value_heads` and
+    /// head dimension everywhere, unless the architecture says otherwise
+    /// (Gemma 4's full layers).
+    fn kv_shapes(&self) -> Vec<KvShape> {
+        let c = self.config();
+        let shape = KvShape {
+            kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim(),
+        };
+        vec![shape; self.new_cache().kinds().len()]
+    }
 
     /// Dtype of activations and of the KV cache.
     fn dtype(&self) -> Dtype;
@@ -92,5 +105,35 @@ impl CausalLm for super::gemma3::Gemma3 {
 
     fn parameters(&self) -> Vec<&Array> {
         super::gemma3::Gemma3::parameters(self)
+    }
+}
+
+impl CausalLm for super::gemma4::Gemma4 {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn forward(&self, rows: &mut [RowInput<'_>]) -> Result<Vec<Array>> {
+        super::gemma4::Gemma4::forward_ids(self, rows, None)
+    }
+
+    fn forward_device_ids(&self, rows: &mut [RowInput<'_>], ids: &Array) -> Result<Vec<Array>> {
+        super::gemma4::Gemma4::forward_ids(self, rows, Some(ids))
+    }
+
+    fn new_cache(&self) -> KvCache {
+        super::gemma4::Gemma4::new_cache(self)
+    }
+
+    fn kv_shapes(&self) -> Vec<KvShape> {
+        super::gemma4::Gemma4::kv_shapes(self)
+    }
+
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    fn parameters(&self) -> Vec<&Array> {
+        super::gemma4::Gemma4::parameters(self)
     }
 }

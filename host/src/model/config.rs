@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::gemma4::config::{is_gemma4, Gemma4Config};
+
 /// Per-tensor affine quantization: `bits` per weight, one f16 scale and bias
 /// per `group_size` consecutive weights along the input dimension (MLX's
 /// `mx.quantize`, mode `affine`).
@@ -24,6 +26,8 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "qwen3_moe",
     "gemma3_text",
     "gemma3",
+    "gemma4_text",
+    "gemma4",
 ];
 
 /// Whether `model_type` names Gemma 3's text decoder (mlx-lm's
@@ -33,8 +37,9 @@ pub fn is_gemma3(model_type: &str) -> bool {
 }
 
 /// Hyper-parameters of a decoder (the fields mlx-lm's `models/llama.py`,
-/// `qwen2.py`, `qwen3.py`, `qwen3_moe.py` and `gemma3_text.py` `ModelArgs`
-/// read).
+/// `qwen2.py`, `qwen3.py`, `qwen3_moe.py`, `gemma3_text.py` and
+/// `gemma4_text.py` `ModelArgs` read; a Gemma 4 `config.json` is flattened
+/// first by [`normalize_json`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
     /// Architecture: one of [`SUPPORTED_MODEL_TYPES`].
@@ -108,6 +113,17 @@ pub struct ModelConfig {
     /// Mixture-of-experts MLPs (Qwen3-MoE); all absent for dense models.
     #[serde(flatten)]
     pub moe: MoeConfig,
+    /// Gemma 4's own fields (per-layer inputs, KV sharing, per-type head
+    /// sizes and RoPE, softcapping); all absent for other models.
+    #[serde(flatten)]
+    pub gemma4: Gemma4Config,
+}
+
+/// A `config.json` as [`ModelConfig`] reads it: Gemma 4's nested or
+/// partial configs flattened with mlx-lm's defaults
+/// ([`super::gemma4::config::normalize`]); others unchanged.
+pub fn normalize_json(raw: serde_json::Value) -> serde_json::Value {
+    super::gemma4::config::normalize(raw)
 }
 
 /// The mixture-of-experts fields of `config.json` (Qwen3-MoE: mlx-lm's
@@ -246,6 +262,11 @@ impl ModelConfig {
                     "`rope_scaling` of type `{kind}` is not supported yet"
                 ));
             }
+        }
+        // Before the expert fields: Gemma 4's MoE names its top-k
+        // `top_k_experts`, so `MoeConfig` would blame the wrong field.
+        if is_gemma4(&self.model_type) {
+            self.gemma4.validate(self)?;
         }
         if self.model_type == "qwen3_moe" && self.moe.num_experts.unwrap_or(0) == 0 {
             return Err("`num_experts` must be positive for `qwen3_moe`".into());

@@ -125,9 +125,7 @@ impl Gemma3 {
                 &fast::rms_norm(&attn, Some(&layer.post_attention_norm), eps)?,
             )?;
             let x = fast::rms_norm(&h, Some(&layer.pre_feedforward_norm), eps)?;
-            let gu = layer.gate_up.forward(&x, self.layer_kernel)?;
-            let act = ops::multiply(mlx_rs::nn::gelu_approximate(&gu[0])?, &gu[1])?;
-            let down = layer.down_proj.forward_with(&act, self.layer_kernel)?;
+            let down = gelu_mlp(&layer.gate_up, &layer.down_proj, &x, self.layer_kernel)?;
             h = residual(
                 &h,
                 &fast::rms_norm(&down, Some(&layer.post_feedforward_norm), eps)?,
@@ -167,28 +165,16 @@ impl Gemma3 {
         let k = rope(&qkv[1], nkv, &layer.k_norm)?;
         let v = qkv[2].reshape(&[n, nkv, 1, d])?;
         let scale = c.query_pre_attn_scalar.unwrap_or(d as f32).powf(-0.5);
-        let mut outs = Vec::with_capacity(rows.len());
-        let mut start = 0i32;
-        for (row, &t) in rows.iter_mut().zip(lens) {
-            let t = t as i32;
-            if t > 0 {
-                let part = |a: &Array, heads: i32| ragged::row_heads(a, start, t, heads, d);
-                outs.push(ragged::attend_row(
-                    l,
-                    layer.kind,
-                    &part(&q, nh)?,
-                    &part(&k, nkv)?,
-                    &part(&v, nkv)?,
-                    row.cache,
-                    scale,
-                )?);
-            }
-            start += t;
-        }
-        if outs.len() == 1 {
-            return Ok(outs.remove(0));
-        }
-        Ok(ops::concatenate(&outs, 0)?)
+        ragged::attend_rows(
+            l,
+            layer.kind,
+            &q,
+            Some((&k, &v)),
+            rows,
+            lens,
+            (nh, nkv, d),
+            scale,
+        )
     }
 
     /// A fresh cache for one row: sliding-window layers bounded.
@@ -218,6 +204,19 @@ impl Gemma3 {
         out.push(&self.norm);
         out
     }
+}
+
+/// Gemma's gated MLP `down(gelu_tanh(gate(x)) * up(x))` (`x: [N, H]`;
+/// `gate_up` the gate and up projections), shared by Gemma 3 and Gemma 4.
+pub(super) fn gelu_mlp(
+    gate_up: &Projections,
+    down: &Linear,
+    x: &Array,
+    kernel: Kernel,
+) -> Result<Array> {
+    let gu = gate_up.forward(x, kernel)?;
+    let act = ops::multiply(mlx_rs::nn::gelu_approximate(&gu[0])?, &gu[1])?;
+    down.forward_with(&act, kernel)
 }
 
 /// `h + branch`; in float16, added in float32 and clipped to float16's

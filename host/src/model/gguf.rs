@@ -15,14 +15,15 @@ use ggml_quants::GgmlType;
 use indicatif::{ProgressBar, ProgressStyle};
 use mlx_rs::Array;
 
-use super::config::{is_gemma3, ModelConfig, SUPPORTED_MODEL_TYPES};
+use super::config::{is_gemma3, is_gemma4, ModelConfig};
 use super::error::{ModelError, Result};
 use super::gguf_file::{GgufFile, MetaValue, TensorInfo};
 use super::tokenizer::TextTokenizer;
 use super::weights::{gguf_to_mlx_name, unpermute_rope_rows, TensorMap};
 
-/// Architectures this build can run from GGUF.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = SUPPORTED_MODEL_TYPES;
+/// Architectures this build can run from GGUF (Qwen3-MoE and Gemma 4 run
+/// from MLX directories only).
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "gemma3"];
 
 /// Control-token texts that end a turn, as llama.cpp's vocabulary loader
 /// collects them (`llama-vocab.cpp`, `special_eog_ids`) beside the declared
@@ -60,6 +61,12 @@ impl Gguf {
             Some(a) => a.to_string(),
             None => return Err(ModelError::invalid(path, "missing `general.architecture`")),
         };
+        if is_gemma4(&arch) {
+            return Err(ModelError::invalid(
+                path,
+                "Gemma 4 runs from an MLX directory (mlx-lm's layout), not from GGUF yet",
+            ));
+        }
         if !SUPPORTED_ARCHITECTURES.contains(&arch.as_str()) {
             return Err(ModelError::UnsupportedArchitecture {
                 path: path.into(),
@@ -255,6 +262,7 @@ impl Gguf {
             sliding_window_pattern: gemma3.then_some(6),
             rope_local_base_freq: gemma3.then_some(10_000.0),
             moe: Default::default(),
+            gemma4: Default::default(),
         };
         config
             .validate()

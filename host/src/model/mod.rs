@@ -17,6 +17,7 @@ pub mod decode_layer;
 pub mod error;
 pub mod fingerprint;
 pub mod gemma3;
+pub mod gemma4;
 pub mod gguf;
 pub mod gguf_file;
 pub mod linear;
@@ -228,7 +229,7 @@ pub fn load_tokenizer(path: &Path) -> Result<TextTokenizer> {
 /// generation_config.json (more EOS ids).
 fn load_dir_parts(dir: &Path) -> Result<DirParts> {
     let config_path = dir.join("config.json");
-    let config_json = read_json(&config_path)?;
+    let config_json = config::normalize_json(read_json(&config_path)?);
     let arch = config_json["model_type"].as_str().unwrap_or("").to_string();
     if !config::SUPPORTED_MODEL_TYPES.contains(&arch.as_str()) {
         return Err(ModelError::UnsupportedArchitecture {
@@ -322,8 +323,9 @@ fn is_quantized_checkpoint(tensors: &weights::TensorMap) -> bool {
     tensors.keys().any(|name| name.ends_with(".scales"))
 }
 
-/// Parameter count of a Llama config (embedding counted once when tied;
-/// every expert of a sparse layer, which all stay in memory).
+/// Parameter count of a config (embedding counted once when tied; every
+/// expert of a sparse layer, which all stay in memory; Gemma 4's per-layer
+/// inputs).
 fn approx_params(c: &ModelConfig) -> u64 {
     let h = c.hidden_size as u64;
     let hd = c.head_dim() as u64;
@@ -333,11 +335,16 @@ fn approx_params(c: &ModelConfig) -> u64 {
             let per_expert = 3 * h * c.moe.moe_intermediate_size.unwrap_or(0) as u64;
             e as u64 * (per_expert + h)
         }
-        _ => 3 * h * c.intermediate_size as u64,
+        _ => 3 * h * c.gemma4.mlp_width(c, l) as u64,
     };
     let embed = h * c.vocab_size as u64 * if c.tie_word_embeddings { 1 } else { 2 };
     let layers: u64 = (0..c.num_hidden_layers)
         .map(|l| attn + mlp(l) + 2 * h)
         .sum();
-    layers + embed + h
+    // Gemma 4's per-layer inputs: an embedding of `layers × P` per token
+    // (most of E2B's parameters) and its projection from the stream.
+    let g = &c.gemma4;
+    let per_layer = (c.num_hidden_layers * g.per_layer_width()) as u64
+        * (g.vocab_size_per_layer_input.unwrap_or(0) as u64 + h);
+    layers + embed + per_layer + h
 }

@@ -70,13 +70,39 @@ pub fn rope_heads(
     base: f32,
     positions: &Array,
 ) -> Result<Array> {
+    rope_heads_with(a, heads, d, norm, &Rope::Base(base), positions)
+}
+
+/// A half-split (non-traditional) RoPE over a head's whole width.
+#[derive(Debug, Clone)]
+pub enum Rope {
+    /// Frequencies `base^(-2i/D)`.
+    Base(f32),
+    /// Explicit per-pair periods `[D/2]` (position / period is the angle;
+    /// an infinite period leaves its pair unrotated): Gemma 4's
+    /// proportional partial RoPE.
+    Periods(Array),
+}
+
+/// [`rope_heads`] with any [`Rope`].
+pub fn rope_heads_with(
+    a: &Array,
+    heads: i32,
+    d: i32,
+    norm: Option<(&Array, f32)>,
+    rope: &Rope,
+    positions: &Array,
+) -> Result<Array> {
     let n = a.shape()[0];
     let a = a.reshape(&[n, heads, 1, d])?;
     let a = match norm {
         Some((w, eps)) => fast::rms_norm(&a, Some(w), eps)?,
         None => a,
     };
-    Ok(fast::rope_dynamic(a, d, false, base, 1.0, positions, None)?)
+    Ok(match rope {
+        Rope::Base(base) => fast::rope_dynamic(a, d, false, *base, 1.0, positions, None)?,
+        Rope::Periods(p) => fast::rope_dynamic(a, d, false, None, 1.0, positions, p)?,
+    })
 }
 
 /// Tokens `start..start + t` of a packed `[N, heads, 1, D]` tensor as one
@@ -150,14 +176,32 @@ pub fn attend_row(
     cache: &mut KvCache,
     scale: f32,
 ) -> Result<Array> {
+    attend_row_kv(l, kind, q, Some((k, v)), cache, scale)
+}
+
+/// [`attend_row`] with `kv: None`: the queries attend over what cache
+/// layer `l` holds after an earlier layer of this forward wrote this
+/// step's positions to it ([`KvCache::written`]; Gemma 4's KV sharing).
+pub fn attend_row_kv(
+    l: usize,
+    kind: LayerKind,
+    q: &Array,
+    kv: Option<(&Array, &Array)>,
+    cache: &mut KvCache,
+    scale: f32,
+) -> Result<Array> {
     let (heads, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
-    if kind == LayerKind::Full && t > 1 && super::prefill_attention::applies(q, k) {
+    let offset = cache.offset();
+    let (keys, values) = match kv {
+        Some((k, v)) => cache.update(l, k, v)?,
+        None => cache.written(l, t as usize)?,
+    };
+    if kind == LayerKind::Full && t > 1 && super::prefill_attention::applies(q, &keys) {
         // A prefill chunk on the CPU: the tiled op, already token-major.
-        let offset = cache.offset();
-        let (keys, values) = cache.update(l, k, v)?;
         return super::prefill_attention::prefill_attention(q, &keys, &values, offset, scale);
     }
-    let o = attention_over_cache(l, kind, q, k, v, cache, scale)?;
+    let held_from = cache.layer_start(l);
+    let o = attention_over(kind, q, &keys, &values, offset, held_from, scale)?;
     // SDPA gives `[1, heads, T, D]` (one query: `[1, heads, 1, D]`, already
     // in token-major order).
     let o = if t == 1 {
@@ -168,30 +212,73 @@ pub fn attend_row(
     Ok(o.reshape(&[t, heads * d])?)
 }
 
-/// [`attend_row`] before the head merge: SDPA's `[1, n_heads, T, D]`.
-fn attention_over_cache(
+/// Every row's attention at layer `l` (`q: [N, n_heads, 1, D]` packed, `kv`
+/// `[N, n_kv, 1, D]` each, or `None` to read cache layer `l` as
+/// [`attend_row_kv`] does) -> `[N, n_heads * D]`, each row over its own
+/// cache.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_rows(
     l: usize,
     kind: LayerKind,
     q: &Array,
-    k: &Array,
-    v: &Array,
-    cache: &mut KvCache,
+    kv: Option<(&Array, &Array)>,
+    rows: &mut [RowInput<'_>],
+    lens: &[usize],
+    (nh, nkv, d): (i32, i32, i32),
+    scale: f32,
+) -> Result<Array> {
+    let mut outs = Vec::with_capacity(rows.len());
+    let mut start = 0i32;
+    for (row, &t) in rows.iter_mut().zip(lens) {
+        let t = t as i32;
+        if t > 0 {
+            let part = |a: &Array, heads: i32| row_heads(a, start, t, heads, d);
+            let row_kv = match kv {
+                Some((k, v)) => Some((part(k, nkv)?, part(v, nkv)?)),
+                None => None,
+            };
+            let row_kv = row_kv.as_ref().map(|(k, v)| (k, v));
+            outs.push(attend_row_kv(
+                l,
+                kind,
+                &part(q, nh)?,
+                row_kv,
+                row.cache,
+                scale,
+            )?);
+        }
+        start += t;
+    }
+    if outs.len() == 1 {
+        return Ok(outs.remove(0));
+    }
+    Ok(ops::concatenate(&outs, 0)?)
+}
+
+/// SDPA of `q: [1, n_heads, T, D]` (positions `offset..offset + T`) over
+/// `keys`/`values` holding positions `held_from..offset + T`: causal, and
+/// for a sliding-window layer only each query's last `window` positions.
+/// Returns `[1, n_heads, T, D]`.
+fn attention_over(
+    kind: LayerKind,
+    q: &Array,
+    keys: &Array,
+    values: &Array,
+    offset: usize,
+    held_from: usize,
     scale: f32,
 ) -> Result<Array> {
     let t = q.shape()[2] as usize;
-    let offset = cache.offset();
-    let (keys, values) = cache.update(l, k, v)?;
     let window = match kind {
         LayerKind::SlidingWindow { window } => window,
         LayerKind::Full => {
             let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
             return Ok(fast::scaled_dot_product_attention(
-                q, &keys, &values, scale, mask, None,
+                q, keys, values, scale, mask, None,
             )?);
         }
     };
     // Keys from the first query's window on: `(offset - W, offset + T)`.
-    let held_from = cache.layer_start(l);
     let from = (offset + 1).saturating_sub(window).max(held_from);
     let end = offset + t;
     let skip = (from - held_from) as i32;

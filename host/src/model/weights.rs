@@ -1,6 +1,6 @@
 //! Tensor maps in Hugging Face / MLX naming, from GGUF or safetensors, and
-//! assembly of a model ([`Llama`], including Qwen3-MoE's sparse layers, and
-//! [`Gemma3`]) from them.
+//! assembly of a model ([`Llama`], including Qwen3-MoE's sparse layers,
+//! [`Gemma3`] and [`super::gemma4::Gemma4`]) from them.
 //!
 //! GGUF tensor names (ggml's `gguf-py/gguf/tensor_mapping.py`) are renamed to
 //! mlx-lm's (`model.layers.N.self_attn.q_proj`, ...). llama.cpp's converter
@@ -133,17 +133,17 @@ fn check_safetensors(path: &Path) -> Result<()> {
 
 /// Reads linears and vectors out of a [`TensorMap`] into the layout a
 /// compute path wants (shared by every architecture's builder).
-struct Loader<'a> {
+pub(super) struct Loader<'a> {
     tensors: &'a TensorMap,
     compute: ComputeDtype,
     /// Activation dtype.
-    act: Dtype,
+    pub(super) act: Dtype,
     /// Input dtype of MLX's quantized matmul.
     qdtype: Dtype,
 }
 
 impl<'a> Loader<'a> {
-    fn new(config: &ModelConfig, tensors: &'a TensorMap, compute: ComputeDtype) -> Self {
+    pub(super) fn new(config: &ModelConfig, tensors: &'a TensorMap, compute: ComputeDtype) -> Self {
         let act = match compute {
             ComputeDtype::Float32 | ComputeDtype::Quantized => Dtype::Float32,
             ComputeDtype::Native => native_activation_dtype(config, tensors),
@@ -164,7 +164,7 @@ impl<'a> Loader<'a> {
 
     /// `{prefix}.weight` (+ scales/biases) as a `[out_dim, in_dim]` linear
     /// in the compute path's layout.
-    fn linear(&self, prefix: &str, in_dim: usize, out_dim: usize) -> Result<Linear> {
+    pub(super) fn linear(&self, prefix: &str, in_dim: usize, out_dim: usize) -> Result<Linear> {
         let lin = load_linear(self.tensors, prefix, in_dim, out_dim)?;
         match self.compute {
             ComputeDtype::Float32 => lin.to_dense(Dtype::Float32),
@@ -179,7 +179,7 @@ impl<'a> Loader<'a> {
     }
 
     /// A `[len]` vector in the activation dtype.
-    fn vector(&self, name: &str, len: usize) -> Result<Array> {
+    pub(super) fn vector(&self, name: &str, len: usize) -> Result<Array> {
         let a = get(self.tensors, name)?;
         if a.shape() != [len as i32] {
             return Err(ModelError::Tensor {
@@ -276,7 +276,7 @@ impl<'a> Loader<'a> {
         }
     }
 
-    fn layer_kernel(&self) -> super::cpu_quant::Kernel {
+    pub(super) fn layer_kernel(&self) -> super::cpu_quant::Kernel {
         match self.compute {
             ComputeDtype::Quantized => super::cpu_quant::Kernel::for_layers(),
             _ => super::cpu_quant::Kernel::Float,
@@ -294,6 +294,10 @@ pub fn build_model(
 ) -> Result<Box<dyn super::CausalLm>> {
     if super::config::is_gemma3(&config.model_type) {
         Ok(Box::new(build_gemma3(config, tensors, compute)?))
+    } else if super::config::is_gemma4(&config.model_type) {
+        Ok(Box::new(super::gemma4::build_gemma4(
+            config, tensors, compute,
+        )?))
     } else {
         Ok(Box::new(build_llama(config, tensors, compute)?))
     }

@@ -346,7 +346,7 @@ impl SsdCache {
         if kv.kinds() != geometry.kinds {
             return Ok(());
         }
-        let names = restore::tensor_names(geometry.layers);
+        let names = restore::tensor_names(geometry.layers());
         let buffers = kv.layer_buffers();
         let mut tensors = Vec::with_capacity(names.len());
         for (layer, buf) in buffers.iter().enumerate() {

@@ -15,25 +15,28 @@ use memmap2::{MmapMut, MmapOptions};
 use mlx_rs::{Array, Dtype};
 
 use super::format::{self, EntryKey, EntryLayout, FormatError, Header};
-use crate::cache::{KvCache, LayerKind};
+use crate::cache::{KvCache, KvShape, LayerKind};
 
 /// The KV layout the running model expects (every restored tensor is
 /// checked against it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvGeometry {
-    /// Transformer layers.
-    pub layers: usize,
-    /// KV heads per layer (`H_kv`).
-    pub kv_heads: usize,
-    /// Head dimension (`D`).
-    pub head_dim: usize,
+    /// Each cache layer's KV heads and head dimension (the model's
+    /// `CausalLm::kv_shapes`: one per layer of its cache, which with
+    /// Gemma 4's KV sharing is fewer than its transformer layers).
+    pub shapes: Vec<KvShape>,
     /// KV dtype (the activation dtype).
     pub dtype: Dtype,
-    /// Each layer's cache kind (`layers` entries).
+    /// Each cache layer's kind (as many as `shapes`).
     pub kinds: Vec<LayerKind>,
 }
 
 impl KvGeometry {
+    /// Cache layers.
+    pub fn layers(&self) -> usize {
+        self.shapes.len()
+    }
+
     /// The cache kind's name in the file: `full` when every layer is,
     /// else `sliding`.
     pub fn kind_name(&self) -> &'static str {
@@ -69,7 +72,9 @@ impl KvGeometry {
         EntryLayout {
             kind: self.kind_name().into(),
             layer_starts: if sliding {
-                (0..self.layers).map(|l| kv.layer_start(l) as u64).collect()
+                (0..self.layers())
+                    .map(|l| kv.layer_start(l) as u64)
+                    .collect()
             } else {
                 Vec::new()
             },
@@ -219,11 +224,11 @@ pub fn load(
     let n = header.tokens.len();
     let arrays = build_arrays(&map, base, &header.tensors, geometry.dtype, verify)?;
     let mut arrays = arrays.into_iter();
-    let mut layers = Vec::with_capacity(geometry.layers);
+    let mut layers = Vec::with_capacity(geometry.layers());
     while let (Some(k), Some(v)) = (arrays.next(), arrays.next()) {
         layers.push((k, v));
     }
-    let starts = layer_starts(&header, geometry.layers);
+    let starts = layer_starts(&header, geometry.layers());
     Ok((
         KvCache::from_parts(layers, &geometry.kinds, &starts, n),
         header.tokens,
@@ -258,16 +263,16 @@ fn check_layout(
             geometry.kind_name()
         )));
     }
-    let names = tensor_names(geometry.layers);
+    let names = tensor_names(geometry.layers());
     let dtype = dtype_name(geometry.dtype).unwrap_or("?");
     let n = header.tokens.len() as u64;
     let starts_ok = header.layer_starts.is_empty()
-        || (header.layer_starts.len() == geometry.layers
+        || (header.layer_starts.len() == geometry.layers()
             && header.layer_starts.iter().all(|&s| s < n));
     let starts = if starts_ok {
-        layer_starts(header, geometry.layers)
+        layer_starts(header, geometry.layers())
     } else {
-        vec![0; geometry.layers]
+        vec![0; geometry.layers()]
     };
     // A layer that dropped positions must be a sliding-window layer, and
     // the resume point must cover what it dropped.
@@ -286,7 +291,10 @@ fn check_layout(
             .enumerate()
             .all(|(i, (t, name))| {
                 let held = n - starts[i / 2] as u64;
-                let shape = [1, geometry.kv_heads as u64, held, geometry.head_dim as u64];
+                let Some(kv) = geometry.shapes.get(i / 2) else {
+                    return false;
+                };
+                let shape = [1, kv.kv_heads as u64, held, kv.head_dim as u64];
                 &t.name == name && t.dtype == dtype && t.shape == shape
             });
     if ok {

@@ -17,9 +17,13 @@ fn identity(model: &str, tokenizer: &str, head_dim: usize) -> ModelIdentity {
         model: model.into(),
         tokenizer: tokenizer.into(),
         geometry: KvGeometry {
-            layers: LAYERS,
-            kv_heads: HEADS,
-            head_dim,
+            shapes: vec![
+                crate::cache::KvShape {
+                    kv_heads: HEADS,
+                    head_dim,
+                };
+                LAYERS
+            ],
             dtype: Dtype::Float32,
             kinds: vec![crate::cache::LayerKind::Full; LAYERS],
         },
