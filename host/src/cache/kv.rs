@@ -550,6 +550,29 @@ mod tests {
     }
 
     #[test]
+    fn written_reads_back_what_update_returned_this_step() -> Result<()> {
+        let window = 4;
+        let mut cache =
+            KvCache::with_kinds(&[LayerKind::Full, LayerKind::SlidingWindow { window }]);
+        // Nothing written yet: an error, not a panic.
+        assert!(cache.written(1, 1).is_err());
+        for (from, t) in [(0, 3), (3, 1), (4, 300), (304, 2)] {
+            let vals: Vec<f32> = (from..from + t).map(|x| x as f32).collect();
+            let k = Array::from_slice(&vals, &[1, 1, t as i32, 1]);
+            for layer in 0..2 {
+                let (keys, values) = cache.update(layer, &k, &k)?;
+                let (again_k, again_v) = cache.written(layer, t)?;
+                assert_eq!(keys.as_slice::<f32>(), again_k.as_slice::<f32>());
+                assert_eq!(values.as_slice::<f32>(), again_v.as_slice::<f32>());
+            }
+            cache.advance(t);
+        }
+        // Past what the buffer holds: an error.
+        assert!(cache.written(0, 10_000).is_err());
+        Ok(())
+    }
+
+    #[test]
     fn sliding_window_layer_stays_bounded_and_in_position_order() -> Result<()> {
         let window = 8;
         let mut cache = KvCache::with_kinds(&[LayerKind::SlidingWindow { window }]);

@@ -327,6 +327,36 @@ fn window_mask(offset: usize, t: usize, from: usize, end: usize, window: usize) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mlx_rs::random;
+
+    fn normal(shape: &[i32], key: u64) -> Array {
+        let k = random::key(key).expect("key");
+        random::normal::<f32>(shape, None, 1.0, &k).expect("normal")
+    }
+
+    /// A KV-shared layer (Gemma 4) attending over what its source layer
+    /// wrote in the same step sees exactly what the source layer saw, for
+    /// prefill chunks and single tokens, before and past the window.
+    #[test]
+    fn a_shared_layer_attends_over_its_source_layers_keys() -> Result<()> {
+        for kind in [LayerKind::Full, LayerKind::SlidingWindow { window: 5 }] {
+            let mut cache = KvCache::with_kinds(&[kind]);
+            for (step, t) in [3, 1, 9, 1, 1].into_iter().enumerate() {
+                let seed = 10 * step as u64;
+                let q = normal(&[1, 4, t, 16], seed);
+                let (k, v) = (
+                    normal(&[1, 2, t, 16], seed + 1),
+                    normal(&[1, 2, t, 16], seed + 2),
+                );
+                let source = attend_row(0, kind, &q, &k, &v, &mut cache, 0.25)?;
+                let shared = attend_row_kv(0, kind, &q, None, &mut cache, 0.25)?;
+                cache.advance(t as usize);
+                let diff = ops::abs(ops::subtract(&source, &shared)?)?.max(None)?;
+                assert_eq!(diff.item_exact::<f32>(), 0.0, "{kind:?} step {step}");
+            }
+        }
+        Ok(())
+    }
 
     #[test]
     fn window_mask_keeps_the_last_window_positions_causally() -> Result<()> {

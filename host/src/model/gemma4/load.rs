@@ -4,7 +4,7 @@
 //! a `gemma4` checkpoint's text tensors are renamed first, mlx-lm's
 //! `language_model.model.*` and `language_model.lm_head.*` as it saves
 //! them, Hugging Face's `model.language_model.*` as it ships them (vision
-//! and audio towers are ignored). KV-shared layers read no `k_proj`,
+//! and audio towers are left out). KV-shared layers read no `k_proj`,
 //! `v_proj` or `k_norm` (mlx-lm drops them; Hugging Face checkpoints carry
 //! unused ones).
 
@@ -17,37 +17,87 @@ use crate::model::linear::Embedding;
 use crate::model::llama::Projections;
 use crate::model::weights::{ComputeDtype, Loader, TensorMap};
 
-/// The checkpoint's text-decoder tensors under `gemma4_text` names (see
-/// the module doc); other tensors keep their names.
-fn text_tensors(tensors: &TensorMap) -> TensorMap {
-    tensors
-        .iter()
-        .map(|(name, a)| {
-            let renamed = if let Some(rest) = name.strip_prefix("language_model.") {
-                rest.to_string()
-            } else if let Some(rest) = name.strip_prefix("model.language_model.") {
-                format!("model.{rest}")
-            } else {
-                name.clone()
-            };
-            (renamed, a.clone())
-        })
-        .collect()
+/// Where a checkpoint keeps the text decoder's tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// `model.*`, `lm_head.*` (`gemma4_text`).
+    Text,
+    /// `language_model.model.*`, `language_model.lm_head.*` (mlx-lm's
+    /// `gemma4`).
+    MlxWrapped,
+    /// `model.language_model.*` (Hugging Face's `gemma4`).
+    HfWrapped,
 }
 
-/// Builds a [`Gemma4`] from a checkpoint's tensors (norm weights the `w`
-/// they multiply by).
-///
-/// Errors: [`ModelError::Tensor`] naming a missing or mis-shaped tensor.
+impl Layout {
+    fn of(tensors: &TensorMap) -> Layout {
+        if tensors.keys().any(|k| k.starts_with("language_model.")) {
+            Layout::MlxWrapped
+        } else if tensors
+            .keys()
+            .any(|k| k.starts_with("model.language_model."))
+        {
+            Layout::HfWrapped
+        } else {
+            Layout::Text
+        }
+    }
+
+    /// A checkpoint name in `gemma4_text` spelling; `None` for tensors
+    /// outside the text decoder (vision and audio towers).
+    fn to_text(self, name: &str) -> Option<String> {
+        match self {
+            Layout::Text => Some(name.to_string()),
+            Layout::MlxWrapped => name.strip_prefix("language_model.").map(String::from),
+            Layout::HfWrapped => name
+                .strip_prefix("model.language_model.")
+                .map(|rest| format!("model.{rest}")),
+        }
+    }
+
+    /// A `gemma4_text` name as this checkpoint spells it (for errors).
+    fn checkpoint_name(self, name: &str) -> String {
+        match self {
+            Layout::Text => name.to_string(),
+            Layout::MlxWrapped => format!("language_model.{name}"),
+            Layout::HfWrapped => match name.strip_prefix("model.") {
+                Some(rest) => format!("model.language_model.{rest}"),
+                None => name.to_string(),
+            },
+        }
+    }
+}
+
+/// Builds a [`Gemma4`] from a checkpoint's tensors in any of the layouts
+/// above (see the module doc); a missing or mis-shaped tensor's error
+/// names it as the checkpoint spells it.
 pub fn build_gemma4(
     config: &ModelConfig,
     tensors: &TensorMap,
     compute: ComputeDtype,
 ) -> Result<Gemma4> {
+    let layout = Layout::of(tensors);
+    let text: TensorMap = tensors
+        .iter()
+        .filter_map(|(name, a)| Some((layout.to_text(name)?, a.clone())))
+        .collect();
+    build_text(config, &text, compute).map_err(|e| match e {
+        ModelError::Tensor { name, reason } => ModelError::Tensor {
+            name: layout.checkpoint_name(&name),
+            reason,
+        },
+        other => other,
+    })
+}
+
+/// Builds a [`Gemma4`] from `gemma4_text`-named tensors (norm weights the
+/// `w` they multiply by).
+///
+/// Errors: [`ModelError::Tensor`] naming a missing or mis-shaped tensor.
+fn build_text(config: &ModelConfig, tensors: &TensorMap, compute: ComputeDtype) -> Result<Gemma4> {
     let c = config;
     let g = &c.gemma4;
-    let tensors = text_tensors(tensors);
-    let ld = Loader::new(c, &tensors, compute);
+    let ld = Loader::new(c, tensors, compute);
     let h = c.hidden_size;
     // `ModelConfig::validate` (run at load) has checked the config already.
     let attention = g
@@ -143,4 +193,39 @@ fn attention_layer(
         kv: a.kv,
         rope: a.rope.rope(d)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_layout_renames_to_text_names_and_back() {
+        let text = "model.layers.3.self_attn.q_proj.weight";
+        for (layout, name) in [
+            (Layout::Text, text.to_string()),
+            (Layout::MlxWrapped, format!("language_model.{text}")),
+            (
+                Layout::HfWrapped,
+                "model.language_model.layers.3.self_attn.q_proj.weight".into(),
+            ),
+        ] {
+            let mut map = TensorMap::new();
+            map.insert(name.clone(), mlx_rs::Array::from_f32(0.0));
+            assert_eq!(Layout::of(&map), layout);
+            assert_eq!(layout.to_text(&name).as_deref(), Some(text));
+            assert_eq!(layout.checkpoint_name(text), name);
+        }
+        let head = Layout::MlxWrapped.to_text("language_model.lm_head.weight");
+        assert_eq!(head.as_deref(), Some("lm_head.weight"));
+        // Towers beside the decoder are left out.
+        assert_eq!(
+            Layout::HfWrapped.to_text("model.vision_tower.patch.weight"),
+            None
+        );
+        assert_eq!(
+            Layout::MlxWrapped.to_text("vision_tower.patch.weight"),
+            None
+        );
+    }
 }
