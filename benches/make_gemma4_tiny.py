@@ -33,8 +33,8 @@ The mixture-of-experts block (26B-A4B's `enable_moe_block`) is not built: mlxhos
 
 Weights are normal with std 0.3 (mlx-lm's default init gives nearly uniform logits, where every
 top-5 is a near-tie), norm weights and layer scalars around 1 (Gemma 4's norms multiply by `w`,
-not Gemma 3's `1 + w`). The tokenizer is a byte-level BPE with no merges over 256 tokens (only ids
-are scored). Tensors are saved as mlx-lm saves a `gemma4` model: `language_model.model.*`.
+not Gemma 3's `1 + w`). The tokenizer is byte-level with no merges (token i is byte i), so the
+server can run the model on any text; only ids are scored. Tensors are saved as mlx-lm saves a `gemma4` model: `language_model.model.*`.
 
 Run (the mlx-lm venv of benches/side_by_side.sh):
   $VENV/bin/python benches/make_gemma4_tiny.py tests/fixtures/models
@@ -93,22 +93,40 @@ rows = [
 ]
 
 
+def bytes_to_unicode():
+    """GPT-2's map from bytes to printable characters (`ByteLevel`'s alphabet)."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    out, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
+
+
 def write_common(out, cfg):
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
-    # A minimal tokenizer.json: 256 single-character tokens, no merges.
-    chars = [chr(0x100 + i) for i in range(256)]
+    # A byte-level tokenizer.json: token i is byte i (GPT-2's byte-to-character map), no
+    # merges, so any text encodes (the server's warm-up encodes English) and ids decode back.
+    byte_chars = bytes_to_unicode()
+    level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+             "use_regex": False}
     tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
-           "normalizer": None, "pre_tokenizer": None, "post_processor": None, "decoder": None,
+           "normalizer": None, "pre_tokenizer": level, "post_processor": None,
+           "decoder": level,
            "model": {"type": "BPE", "dropout": None, "unk_token": None,
                      "continuing_subword_prefix": None, "end_of_word_suffix": None,
                      "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                     "vocab": {c: i for i, c in enumerate(chars)}, "merges": []}}
+                     "vocab": {byte_chars[b]: b for b in range(256)}, "merges": []}}
     with open(os.path.join(out, "tokenizer.json"), "w") as f:
         json.dump(tok, f)
     with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": chars[1]}, f)
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": byte_chars[1]}, f)
     with open(os.path.join(out, "rows.jsonl"), "w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")

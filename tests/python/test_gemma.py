@@ -2,9 +2,11 @@
 served over HTTP: greedy text equals llama.cpp's up to the first near-tie, and a conversation of
 more than 600 tokens resent with one more turn reuses its cached prefix (the sliding-window
 layers are trimmed back within their rollback margin) with the same tokens as a cold run, from
-RAM and, after a restart, from the SSD tier.
+RAM and, after a restart, from the SSD tier. The same for Gemma 4 on the tiny random-weight
+fixture (tests/fixtures/models/gemma4-tiny: a 16-token window, KV-shared layers, per-layer
+inputs), over token-id prompts.
 
-Needs `mlxhost models pull gemma3-270m` (scripts/test.sh does it).
+Needs `mlxhost models pull gemma3-270m` (scripts/test.sh does it) for the Gemma 3 tests.
 """
 
 import json
@@ -134,3 +136,54 @@ def test_concurrent_requests_equal_their_solo_answers(gemma):
         together = list(pool.map(one, prompts))
     for a, b in zip(solo, together):
         same_tokens(a, b)
+
+
+GEMMA4_TINY = ROOT / "tests/fixtures/models/gemma4-tiny"
+# Past the window and the sliding layers' 256-position rollback margin: they drop positions.
+GEMMA4_LONG = [(i * 37 + 11) % 256 for i in range(900)]
+
+
+def complete_ids(c, ids, n=12):
+    r = c.post("/v1/completions", json={"prompt": ids, "max_tokens": n, "temperature": 0,
+                                        "logprobs": 1, "return_tokens_as_token_ids": True})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def ids_of(body):
+    return [int(t.removeprefix("token_id:")) for t in body["choices"][0]["logprobs"]["tokens"]]
+
+
+def test_a_long_gemma4_conversation_is_reused_from_ram_and_after_a_restart_from_ssd(tmp_path):
+    ssd = tmp_path / "ssd"
+    s = Server("--model", str(GEMMA4_TINY), "--ssd-cache", str(ssd))
+    try:
+        with s.http() as c:
+            first = complete_ids(c, GEMMA4_LONG)
+            assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+            resent = GEMMA4_LONG + ids_of(first) + [7, 8, 9]
+            warm = complete_ids(c, resent)
+            cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]
+            assert cached >= len(GEMMA4_LONG), warm["usage"]
+            wait_written(c)
+    finally:
+        s.stop()
+    s = Server("--model", str(GEMMA4_TINY), "--ssd-cache", str(ssd))
+    try:
+        with s.http() as c:
+            restored = complete_ids(c, resent)
+            cached = restored["usage"]["prompt_tokens_details"]["cached_tokens"]
+            assert cached >= len(GEMMA4_LONG), restored["usage"]
+            st = ssd_stats(c)
+            assert st["hits"] == 1 and st["quarantined"] == 0, st
+    finally:
+        s.stop()
+    cold_server = Server("--model", str(GEMMA4_TINY), "--prompt-cache", "0")
+    try:
+        with cold_server.http() as c:
+            cold = complete_ids(c, resent)
+            assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    finally:
+        cold_server.stop()
+    same_tokens(cold, warm)
+    same_tokens(cold, restored)
