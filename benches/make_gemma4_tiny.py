@@ -9,9 +9,8 @@ decoder) with every size shrunk (hidden 32, 6 layers, 4 query heads, head_dim 16
 layers and global_head_dim 32 on full ones, MLP width 64, per-layer inputs of width 16,
 vocabulary 256) and every structural feature kept:
 - both layer types from an explicit `layer_types` list (sliding, sliding, full, twice), with a
-  16-token window that every row but the 1-token one crosses, and one 300-token row that also
-  crosses the window plus mlxhost's 256-position rollback margin (its sliding caches drop
-  positions while it is scored);
+  16-token window that the 58-token row crosses, and a 306-token row that crosses the window
+  plus mlxhost's 256-position rollback margin;
 - per-layer inputs (`hidden_size_per_layer_input`: `embed_tokens_per_layer`,
   `per_layer_model_projection`, each layer's gate and projection);
 - KV sharing (`num_kv_shared_layers: 3`: layers 3 and 4 reuse layer 1's keys and values, layer
