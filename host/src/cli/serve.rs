@@ -186,6 +186,14 @@ pub struct ServeArgs {
     /// Linear memory cap per API-adapter instance, MiB.
     #[arg(long, default_value_t = 256)]
     adapter_memory: usize,
+    /// Linear memory cap of a constraint plugin's per-model instance, MiB
+    /// (the token trie plus every constrained row's parser).
+    #[arg(long, default_value_t = 512)]
+    constraint_memory: usize,
+    /// The constraint plugin that enforces structured output (JSON Schema,
+    /// regex, grammars) when a request names none.
+    #[arg(long, value_name = "NAME", default_value = "grammar")]
+    grammar_plugin: String,
     /// Deadline per sampler call, ms.
     #[arg(long, default_value_t = 1000)]
     sampler_deadline_ms: u64,
@@ -346,6 +354,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     for (flag, mib) in [
         ("--plugin-memory", args.plugin_memory),
         ("--adapter-memory", args.adapter_memory),
+        ("--constraint-memory", args.constraint_memory),
     ] {
         if mib == 0 || mib > max_mib {
             anyhow::bail!("{flag} must be in 1..={max_mib} MiB, got {mib}");
@@ -354,6 +363,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let limits = PluginLimits {
         memory_bytes: args.plugin_memory << 20,
         adapter_memory_bytes: args.adapter_memory << 20,
+        constraint_memory_bytes: args.constraint_memory << 20,
         sampler_deadline: Duration::from_millis(args.sampler_deadline_ms.max(1)),
         processor_deadline: Duration::from_millis(args.processor_deadline_ms.max(1)),
         adapter_deadline: Duration::from_millis(args.adapter_deadline_ms.max(1)),
@@ -486,6 +496,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             max_prompt_chars: args.max_prompt_chars,
             strict_max_tokens: args.strict_max_tokens,
             keep_prompt_metadata: args.keep_prompt_metadata,
+            grammar_plugin: args.grammar_plugin.clone(),
         },
         body_limit: args.body_limit << 20,
         intake: mlxhost::server::intake::Intake::new(

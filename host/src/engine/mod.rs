@@ -17,6 +17,7 @@ pub mod admission;
 pub mod constrain;
 pub mod detokenize;
 pub mod generate;
+pub mod grammar;
 pub mod request;
 pub mod scheduler;
 pub mod sequence;

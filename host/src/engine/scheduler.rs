@@ -41,8 +41,9 @@ use super::step::{self, RowOutcome, StepTiming};
 use crate::cache::prompt::{Reuse, ReuseSource};
 use crate::cache::PrefixCache;
 use crate::model::LoadedModel;
+use crate::plugin::constraint::{ConstraintRequest, ConstraintSession, OpenError};
 use crate::plugin::session::{RowChain, TokenChain};
-use crate::plugin::PluginHost;
+use crate::plugin::{PluginError, PluginHost};
 use crate::score::PREFILL_CHUNK;
 
 /// How the scheduler fills a step.
@@ -117,6 +118,9 @@ pub enum ChainSource<'s> {
     Plugins(Arc<PluginHost>),
     /// A chain built by the caller (benchmarks' native chain).
     Ready(Box<dyn TokenChain + 's>),
+    /// The request's plugins, under a grammar: a session of the constraint
+    /// plugin masks each step's logits first ([`super::grammar`]).
+    Constrained(Arc<PluginHost>, ConstraintRequest),
 }
 
 /// A request waiting for a batch slot.
@@ -892,6 +896,46 @@ fn row_shape(model: &LoadedModel) -> RowShape {
     )
 }
 
+/// The request's sampler and processors, instantiated from `host`.
+fn plugin_chain(
+    model: &LoadedModel,
+    request: &GenerateRequest,
+    host: &PluginHost,
+) -> Result<RowChain, PluginError> {
+    let params = effective_params(model, request);
+    RowChain::new(
+        host,
+        &request.sampler,
+        &request.processors,
+        &params,
+        &request.plugin_params,
+    )
+}
+
+/// A session of the request's constraint plugin for its grammar. A grammar
+/// the plugin rejects is the client's fault, named by the field it came
+/// from ([`PluginError::Grammar`]).
+fn open_constraint(
+    host: &PluginHost,
+    c: &ConstraintRequest,
+    plugin_params: &serde_json::Value,
+) -> Result<ConstraintSession, PluginError> {
+    let shared = host.constraint(&c.plugin)?;
+    let defaults = host
+        .get(&c.plugin, crate::plugin::Kind::Constraint)?
+        .manifest
+        .defaults_json();
+    let extra = crate::plugin::session::merged_params(&c.plugin, defaults, plugin_params);
+    ConstraintSession::open(shared, c.grammar.clone(), extra.to_string()).map_err(|e| match e {
+        OpenError::Rejected(cause) => PluginError::Grammar {
+            plugin: c.plugin.clone(),
+            field: c.field.clone(),
+            cause,
+        },
+        OpenError::Failed(e) => e,
+    })
+}
+
 /// Validates and instantiates one request; `None` when it failed (its sink
 /// has the error).
 fn admit_one<'s>(
@@ -912,15 +956,19 @@ fn admit_one<'s>(
     }
     let chain: Box<dyn TokenChain + 's> = match chain {
         ChainSource::Ready(c) => c,
-        ChainSource::Plugins(host) => {
-            let params = effective_params(model, &request);
-            match RowChain::new(
-                &host,
-                &request.sampler,
-                &request.processors,
-                &params,
-                &request.plugin_params,
-            ) {
+        ChainSource::Plugins(host) => match plugin_chain(model, &request, &host) {
+            Ok(c) => Box::new(c),
+            Err(e) => {
+                sink.finished(Err(e.into()));
+                return None;
+            }
+        },
+        ChainSource::Constrained(host, constraint) => {
+            let constrained = plugin_chain(model, &request, &host).and_then(|c| {
+                let session = open_constraint(&host, &constraint, &request.plugin_params)?;
+                Ok(super::grammar::GrammarConstraint::new(c, session))
+            });
+            match constrained {
                 Ok(c) => Box::new(c),
                 Err(e) => {
                     sink.finished(Err(e.into()));

@@ -77,6 +77,8 @@ pub struct Job {
     /// The plugins snapshot the request was validated against (a hot reload
     /// after that does not change this request's chain).
     pub plugins: Arc<PluginHost>,
+    /// The grammar its output must match (structured output), if any.
+    pub constraint: Option<crate::plugin::constraint::ConstraintRequest>,
 }
 
 /// Entries unwritten for this long are written after the next request even
@@ -276,9 +278,10 @@ impl Engine {
                 return None;
             }
         };
-        plugins.set_vocab(Arc::new(crate::plugin::VocabView::new(
-            model.tokenizer.clone(),
-        )));
+        plugins.set_vocab(Arc::new(
+            crate::plugin::VocabView::new(model.tokenizer.clone())
+                .with_model(model.eos_ids.clone(), model.model.config().vocab_size),
+        ));
         // The model is loaded and nothing else allocated yet: what MLX
         // holds now is its weights (a device budget is computed from it).
         crate::device_memory::record_weights();
@@ -431,6 +434,7 @@ impl Engine {
             events,
             cancel,
             plugins,
+            constraint,
         } = *job;
         let sink = JobSink {
             span: tracing::info_span!("generate", request_id = %request_id),
@@ -445,7 +449,10 @@ impl Engine {
         };
         self.scheduler.submit(Pending {
             request,
-            chain: ChainSource::Plugins(plugins),
+            chain: match constraint {
+                Some(c) => ChainSource::Constrained(plugins, c),
+                None => ChainSource::Plugins(plugins),
+            },
             sink: Box::new(sink),
         });
     }

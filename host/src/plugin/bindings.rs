@@ -1,7 +1,9 @@
 //! Auto-generated host bindings (wasmtime `bindgen!`), one module per WIT
 //! package version: `mlxhost:plugin@0.1.0` at the top level (samplers,
 //! logits processors, 0.1.0 adapters) and `mlxhost:plugin@0.2.0` in [`v2`]
-//! (parsers, 0.2.0 adapters). Both are linked into one linker side by side.
+//! (parsers, 0.2.0 adapters), `mlxhost:plugin@0.3.0` in [`v3`] (constraint
+//! plugins, the adapters' `structured-output` service). All are linked into
+//! one linker side by side.
 #![allow(missing_docs)]
 
 /// The `sampler-plugin` world.
@@ -75,6 +77,32 @@ pub mod v2 {
             world: "api-adapter-plugin",
             with: {
                 "mlxhost:plugin/types": crate::plugin::bindings::v2::tool_parser::mlxhost::plugin::types,
+            },
+        });
+    }
+}
+
+/// `mlxhost:plugin@0.3.0` (`wit/0.3.0/plugin.wit`).
+pub mod v3 {
+    /// The `constraint-plugin` world.
+    pub mod constraint {
+        wasmtime::component::bindgen!({
+            path: "../wit/0.3.0",
+            world: "constraint-plugin",
+            imports: { default: trappable },
+        });
+    }
+
+    /// The `structured-output` import of 0.3.0 adapters. (A 0.3.0 adapter
+    /// exports 0.2.0's `api-adapter` interface, so it is instantiated
+    /// through [`super::v2::adapter`]; only this import is new.)
+    pub mod structured_output {
+        wasmtime::component::bindgen!({
+            inline: "package mlxhost:host-v3;\nworld adapter-services { import mlxhost:plugin/structured-output@0.3.0; }",
+            path: "../wit/0.3.0",
+            world: "mlxhost:host-v3/adapter-services",
+            with: {
+                "mlxhost:plugin/types@0.3.0": crate::plugin::bindings::v3::constraint::mlxhost::plugin0_3_0::types,
             },
         });
     }

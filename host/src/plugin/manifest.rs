@@ -3,7 +3,7 @@
 //! ```toml
 //! name = "standard"            # unique; what requests and flags name
 //! version = "0.1.0"
-//! kinds = ["sampler"]          # sampler | logits-processor | tool-call-parser | reasoning-parser | api-adapter
+//! kinds = ["sampler"]          # sampler | logits-processor | tool-call-parser | reasoning-parser | api-adapter | constraint
 //! component = "standard.wasm"  # relative to the folder
 //! wit = "mlxhost:plugin@0.1.0" # the WIT package version the component targets
 //! description = "..."
@@ -13,15 +13,20 @@
 //! ```
 //!
 //! Which kinds each WIT version serves: samplers and logits processors are
-//! `0.1.0` (0.2.0 did not change them); API adapters `0.1.0` or `0.2.0`,
-//! linked side by side; tool-call and reasoning parsers `0.2.0`.
+//! `0.1.0` (0.2.0 did not change them); API adapters `0.1.0`, `0.2.0` or
+//! `0.3.0` (0.2.0's adapter plus `structured-output`), linked side by side;
+//! tool-call and reasoning parsers `0.2.0`; constraint plugins `0.3.0`.
 
 use std::path::Path;
 
 use serde::Deserialize;
 
 /// The WIT package versions this host implements, oldest first.
-pub const WIT_VERSIONS: [&str; 2] = ["mlxhost:plugin@0.1.0", "mlxhost:plugin@0.2.0"];
+pub const WIT_VERSIONS: [&str; 3] = [
+    "mlxhost:plugin@0.1.0",
+    "mlxhost:plugin@0.2.0",
+    "mlxhost:plugin@0.3.0",
+];
 
 /// A WIT package version the host links.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -30,6 +35,8 @@ pub enum WitVersion {
     V0_1,
     /// `mlxhost:plugin@0.2.0` (`wit/0.2.0/plugin.wit`).
     V0_2,
+    /// `mlxhost:plugin@0.3.0` (`wit/0.3.0/plugin.wit`).
+    V0_3,
 }
 
 impl WitVersion {
@@ -38,6 +45,7 @@ impl WitVersion {
         match s {
             "mlxhost:plugin@0.1.0" => Some(WitVersion::V0_1),
             "mlxhost:plugin@0.2.0" => Some(WitVersion::V0_2),
+            "mlxhost:plugin@0.3.0" => Some(WitVersion::V0_3),
             _ => None,
         }
     }
@@ -48,6 +56,7 @@ impl WitVersion {
             Kind::Sampler | Kind::LogitsProcessor => self == WitVersion::V0_1,
             Kind::ApiAdapter => true,
             Kind::ToolCallParser | Kind::ReasoningParser => self == WitVersion::V0_2,
+            Kind::Constraint => self == WitVersion::V0_3,
         }
     }
 }
@@ -66,6 +75,8 @@ pub enum Kind {
     ReasoningParser,
     /// `api-adapter-plugin` world.
     ApiAdapter,
+    /// `constraint-plugin` world (0.3.0): structured output.
+    Constraint,
 }
 
 impl std::fmt::Display for Kind {
@@ -76,6 +87,7 @@ impl std::fmt::Display for Kind {
             Kind::ToolCallParser => "tool-call-parser",
             Kind::ReasoningParser => "reasoning-parser",
             Kind::ApiAdapter => "api-adapter",
+            Kind::Constraint => "constraint",
         })
     }
 }
@@ -287,6 +299,18 @@ mod tests {
         write(d.path(), "name = \"p\"\nversion = \"1\"\nkinds = [\"sampler\"]\ncomponent = \"p.wasm\"\nwit = \"mlxhost:plugin@0.2.0\"\n");
         assert!(Manifest::load(d.path()).unwrap_err().contains("sampler"));
         write(d.path(), "name = \"p\"\nversion = \"1\"\nkinds = [\"api-adapter\"]\ncomponent = \"p.wasm\"\nwit = \"mlxhost:plugin@0.2.0\"\n");
+        assert!(Manifest::load(d.path()).is_ok());
+        // 0.3.0: constraint plugins, and adapters (0.2.0's world plus an import).
+        write(d.path(), "name = \"p\"\nversion = \"1\"\nkinds = [\"constraint\"]\ncomponent = \"p.wasm\"\nwit = \"mlxhost:plugin@0.3.0\"\n");
+        assert_eq!(
+            Manifest::load(d.path())
+                .expect("0.3.0 constraint")
+                .wit_version(),
+            WitVersion::V0_3
+        );
+        write(d.path(), "name = \"p\"\nversion = \"1\"\nkinds = [\"constraint\"]\ncomponent = \"p.wasm\"\nwit = \"mlxhost:plugin@0.2.0\"\n");
+        assert!(Manifest::load(d.path()).unwrap_err().contains("constraint"));
+        write(d.path(), "name = \"p\"\nversion = \"1\"\nkinds = [\"api-adapter\"]\ncomponent = \"p.wasm\"\nwit = \"mlxhost:plugin@0.3.0\"\n");
         assert!(Manifest::load(d.path()).is_ok());
     }
 

@@ -5,6 +5,7 @@
 //! `docs/plugins.md`.
 
 pub mod bindings;
+pub mod constraint;
 pub mod device_ops;
 pub mod limiter;
 pub mod manifest;
@@ -15,6 +16,7 @@ pub mod session;
 pub mod smoke;
 pub mod tensors;
 pub mod timing;
+pub mod token_mask;
 pub mod vocab;
 
 pub use manifest::{Kind, Manifest};

@@ -22,9 +22,11 @@ use super::bindings::v2::{
     adapter::ApiAdapterPluginPre as ApiAdapterV2Pre, reasoning_parser::ReasoningParserPluginPre,
     tool_parser::ToolCallParserPluginPre,
 };
+use super::bindings::v3::constraint::ConstraintPluginPre;
 use super::bindings::{
     adapter::ApiAdapterPluginPre, processor::LogitsProcessorPluginPre, sampler::SamplerPluginPre,
 };
+use super::constraint::{SharedConstraint, StoreMaker};
 use super::manifest::{Kind, Manifest, WitVersion};
 use super::tensors::PluginState;
 
@@ -47,6 +49,9 @@ pub struct PluginLimits {
     /// Linear memory cap per API-adapter instance, bytes (an adapter holds
     /// the request body and its parse).
     pub adapter_memory_bytes: usize,
+    /// Linear memory cap of a constraint plugin's per-model instance,
+    /// bytes: it holds the token trie and every constrained row's parser.
+    pub constraint_memory_bytes: usize,
 }
 
 impl Default for PluginLimits {
@@ -57,6 +62,7 @@ impl Default for PluginLimits {
             processor_deadline: Duration::from_millis(1000),
             adapter_deadline: Duration::from_millis(1000),
             adapter_memory_bytes: 256 << 20,
+            constraint_memory_bytes: 512 << 20,
         }
     }
 }
@@ -69,7 +75,7 @@ impl PluginLimits {
     pub fn deadline(&self, kind: Kind) -> Duration {
         match kind {
             Kind::Sampler => self.sampler_deadline,
-            Kind::LogitsProcessor => self.processor_deadline,
+            Kind::LogitsProcessor | Kind::Constraint => self.processor_deadline,
             Kind::ApiAdapter | Kind::ToolCallParser | Kind::ReasoningParser => {
                 self.adapter_deadline
             }
@@ -105,6 +111,18 @@ pub enum PluginError {
         /// Plugin name.
         plugin: String,
         /// What happened.
+        cause: String,
+    },
+    /// A constraint plugin rejected the request's grammar (invalid, or a
+    /// feature it does not support): the client's fault, a 400 naming the
+    /// request field the grammar came from.
+    #[error("`{field}`: the `{plugin}` plugin rejected the grammar: {cause}")]
+    Grammar {
+        /// Plugin name.
+        plugin: String,
+        /// The request field, as the dialect spells it.
+        field: String,
+        /// What the plugin said.
         cause: String,
     },
     /// The plugin rejected the request's parameters (its session's `create`
@@ -149,6 +167,8 @@ pub struct LoadedPlugin {
     pub tool_parser: Option<ToolCallParserPluginPre<PluginState>>,
     /// Reasoning-parser world (0.2.0), if declared.
     pub reasoning_parser: Option<ReasoningParserPluginPre<PluginState>>,
+    /// Constraint world (0.3.0), if declared.
+    pub constraint: Option<ConstraintPluginPre<PluginState>>,
     /// The adapter's routes as (method, path), asked once at load.
     pub routes: Vec<(String, String)>,
     /// Whether the compiled component came from the on-disk cache.
@@ -200,6 +220,9 @@ pub struct PluginHost {
     pub limits: PluginLimits,
     /// The model's vocabulary, lent to every instance (set once a model is loaded).
     vocab: std::sync::OnceLock<Arc<super::vocab::VocabView>>,
+    /// Constraint plugins' per-model instances, by plugin name (built on
+    /// first use; a reload starts new ones).
+    constraints: std::sync::Mutex<BTreeMap<String, Arc<std::sync::Mutex<SharedConstraint>>>>,
     _ticker: Arc<EpochTicker>,
 }
 
@@ -279,6 +302,18 @@ impl PluginHost {
             wasmtime::component::HasSelf<_>,
         >(&mut linker, |s| s)
         .map_err(|e| PluginError::Engine(e.to_string()))?;
+        // 0.3.0: the constraint world's `vocabulary` and the adapters'
+        // `structured-output`.
+        super::bindings::v3::constraint::ConstraintPlugin::add_to_linker::<
+            _,
+            wasmtime::component::HasSelf<_>,
+        >(&mut linker, |s| s)
+        .map_err(|e| PluginError::Engine(e.to_string()))?;
+        super::bindings::v3::structured_output::mlxhost::plugin0_3_0::structured_output::add_to_linker::<
+            _,
+            wasmtime::component::HasSelf<_>,
+        >(&mut linker, |s| s)
+        .map_err(|e| PluginError::Engine(e.to_string()))?;
         let cache = crate::paths::cache_dir().join("components");
         let mut plugins = BTreeMap::new();
         let mut skipped = Vec::new();
@@ -339,6 +374,7 @@ impl PluginHost {
             kept,
             limits,
             vocab: std::sync::OnceLock::new(),
+            constraints: std::sync::Mutex::new(BTreeMap::new()),
             _ticker: ticker,
         })
     }
@@ -376,6 +412,38 @@ impl PluginHost {
         let _ = self.vocab.set(vocab);
     }
 
+    /// Constraint plugin `name`'s per-model instance (one per host: the
+    /// host serves one model), made on first use; its engine is built by
+    /// its first session (or [`SharedConstraint::warm`]).
+    ///
+    /// Errors: no constraint plugin of that name is loaded.
+    pub fn constraint(
+        &self,
+        name: &str,
+    ) -> Result<Arc<std::sync::Mutex<SharedConstraint>>, PluginError> {
+        let p = self.get(name, Kind::Constraint)?;
+        let pre = p
+            .constraint
+            .clone()
+            .ok_or_else(|| super::session::failed(name, "no constraint world"))?;
+        let mut map = self.constraints.lock().unwrap_or_else(|e| e.into_inner());
+        let shared = map.entry(name.to_string()).or_insert_with(|| {
+            let stores = StoreMaker {
+                engine: self.engine.clone(),
+                memory_bytes: self.limits.constraint_memory_bytes,
+                call_ticks: self.limits.deadline_ticks(Kind::Constraint),
+                vocab: self.vocab.get().cloned(),
+            };
+            Arc::new(std::sync::Mutex::new(SharedConstraint::new(
+                name,
+                pre,
+                stores,
+                p.manifest.defaults_json().to_string(),
+            )))
+        });
+        Ok(shared.clone())
+    }
+
     /// The per-call deadline of `kind` in epoch ticks.
     pub fn deadline_ticks(&self, kind: Kind) -> u64 {
         self.limits.deadline_ticks(kind)
@@ -407,7 +475,11 @@ impl PluginHost {
     }
 }
 
-fn new_store(engine: &Engine, memory_bytes: usize, deadline_ticks: u64) -> Store<PluginState> {
+pub(crate) fn new_store(
+    engine: &Engine,
+    memory_bytes: usize,
+    deadline_ticks: u64,
+) -> Store<PluginState> {
     // A failed memory.grow traps (instead of returning -1 to the guest's
     // allocator, which would abort with a less clear message).
     let store_limits = StoreLimitsBuilder::new()
@@ -522,6 +594,7 @@ fn load_one(
     let mut adapter = None;
     let mut tool_parser = None;
     let mut reasoning_parser = None;
+    let mut constraint = None;
     let mut routes = Vec::new();
     let version = manifest.wit_version();
     for kind in &manifest.kinds {
@@ -553,9 +626,13 @@ fn load_one(
                             format!("does not export the 0.1.0 api-adapter interface: {e:#}")
                         })?)
                     }
-                    WitVersion::V0_2 => AdapterPre::V2(ApiAdapterV2Pre::new(pre).map_err(|e| {
-                        format!("does not export the 0.2.0 api-adapter interface: {e:#}")
-                    })?),
+                    // A 0.3.0 adapter exports 0.2.0's interface (its world
+                    // only adds the `structured-output` import).
+                    WitVersion::V0_2 | WitVersion::V0_3 => {
+                        AdapterPre::V2(ApiAdapterV2Pre::new(pre).map_err(|e| {
+                            format!("does not export the 0.2.0 api-adapter interface: {e:#}")
+                        })?)
+                    }
                 };
                 routes = adapter_routes(engine, &pre, limits)?;
                 adapter = Some(pre);
@@ -576,6 +653,15 @@ fn load_one(
                     format!("does not export the reasoning-parser interface: {e:#}")
                 })?);
             }
+            Kind::Constraint => {
+                let pre = linker
+                    .instantiate_pre(&component)
+                    .map_err(|e| format!("does not fit the constraint-plugin world: {e:#}"))?;
+                constraint = Some(
+                    ConstraintPluginPre::new(pre)
+                        .map_err(|e| format!("does not export the constraint interface: {e:#}"))?,
+                );
+            }
         }
     }
     Ok(LoadedPlugin {
@@ -586,6 +672,7 @@ fn load_one(
         adapter,
         tool_parser,
         reasoning_parser,
+        constraint,
         routes,
         from_cache,
     })

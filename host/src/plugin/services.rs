@@ -1,6 +1,7 @@
-//! Host side of WIT 0.2.0's adapter services: `response-store` (stored
+//! Host side of the adapter services: WIT 0.2.0's `response-store` (stored
 //! values per adapter, [`crate::cache::ResponseStore`]) and `prompt`
-//! (`count-tokens`: the prompt arithmetic of the served model). An adapter
+//! (`count-tokens`: the prompt arithmetic of the served model), and 0.3.0's
+//! `structured-output` (the request's output constraint). An adapter
 //! instance gets them through its store's [`super::tensors::PluginState`];
 //! without them (a store made for another plugin kind, or before the model
 //! is loaded) the calls answer "absent" or an error, never trap.
@@ -8,6 +9,8 @@
 use std::sync::Arc;
 
 use super::bindings::v2::adapter::mlxhost::plugin::{prompt, response_store};
+use super::bindings::v3::structured_output::mlxhost::plugin0_3_0::structured_output;
+use super::constraint::{ConstraintRequest, Grammar};
 use super::tensors::PluginState;
 use crate::cache::ResponseStore;
 
@@ -27,6 +30,57 @@ pub struct AdapterServices {
     pub store: Option<Arc<ResponseStore>>,
     /// The prompt counter; `None` = no model to count with.
     pub count_tokens: Option<Arc<CountTokens>>,
+    /// The constraint plugins loaded, by name.
+    pub constraint_plugins: Vec<String>,
+    /// The constraint plugin a request gets when it names none
+    /// (`--grammar-plugin`).
+    pub default_constraint: String,
+}
+
+/// The largest grammar a request may give (JSON Schema, regex, Lark or
+/// choices, bytes): compiled on the engine thread, so bounded.
+pub const MAX_GRAMMAR_BYTES: usize = 1 << 20;
+
+/// The size of a grammar's text.
+fn grammar_bytes(g: &Grammar) -> usize {
+    match g {
+        Grammar::JsonSchema(s) | Grammar::Regex(s) | Grammar::Lark(s) => s.len(),
+        Grammar::JsonObject => 0,
+        Grammar::Choice(c) => c.iter().map(|s| s.len() + 1).sum(),
+    }
+}
+
+impl structured_output::Host for PluginState {
+    fn constrain(&mut self, c: structured_output::OutputConstraint) -> Result<(), String> {
+        let Some(s) = &self.services else {
+            return Err("structured output is not available here".into());
+        };
+        let plugin = c.plugin.unwrap_or_else(|| s.default_constraint.clone());
+        if !s.constraint_plugins.contains(&plugin) {
+            return Err(if s.constraint_plugins.is_empty() {
+                format!(
+                    "structured output needs a constraint plugin (`{plugin}`), and none is loaded"
+                )
+            } else {
+                format!(
+                    "no constraint plugin named `{plugin}` is loaded (available: {})",
+                    s.constraint_plugins.join(", ")
+                )
+            });
+        }
+        let size = grammar_bytes(&c.grammar);
+        if size > MAX_GRAMMAR_BYTES {
+            return Err(format!(
+                "the grammar is {size} bytes; at most {MAX_GRAMMAR_BYTES} are accepted"
+            ));
+        }
+        self.constraint = Some(ConstraintRequest {
+            plugin,
+            grammar: c.grammar,
+            field: c.field,
+        });
+        Ok(())
+    }
 }
 
 impl response_store::Host for PluginState {

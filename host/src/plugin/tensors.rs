@@ -61,6 +61,9 @@ pub struct PluginState {
     /// All time spent waiting on the host since the store was made (the
     /// engine subtracts it from a chain's time to get the guest's own).
     pub host_wait_total: std::time::Duration,
+    /// The output constraint an API adapter attached to the request it
+    /// handles (`structured-output.constrain`).
+    pub constraint: Option<super::constraint::ConstraintRequest>,
 }
 
 impl PluginState {
@@ -73,6 +76,7 @@ impl PluginState {
             services: None,
             host_wait_credit: std::time::Duration::ZERO,
             host_wait_total: std::time::Duration::ZERO,
+            constraint: None,
         }
     }
 

@@ -21,11 +21,31 @@ const MAX_MEMO: usize = 256;
 /// (head token, tail tokens): one way a token can begin a text.
 pub type TokenSequence = (u32, Vec<u32>);
 
+/// The whole vocabulary in one table (WIT 0.3.0 `vocabulary.token-table`),
+/// for constraint plugins that build a token trie.
+#[derive(Debug, Clone, Default)]
+pub struct TokenTable {
+    /// Every token's bytes, concatenated in id order.
+    pub bytes: Vec<u8>,
+    /// Where token `i`'s bytes end in `bytes`; one entry per logit.
+    pub ends: Vec<u32>,
+    /// EOS ids, the model's order.
+    pub eos: Vec<u32>,
+    /// Special (control) token ids.
+    pub special: Vec<u32>,
+}
+
 /// A tokenizer plus what plugins ask of it repeatedly, computed once.
 pub struct VocabView {
     tokenizer: TextTokenizer,
+    /// The model's EOS ids.
+    eos: Vec<u32>,
+    /// The width of the model's logits (0: the tokenizer's vocabulary).
+    width: usize,
     /// Every token's bytes, by id (built on first use: ~V small vectors).
     pieces: OnceLock<Vec<Vec<u8>>>,
+    /// [`VocabView::token_table`], built on first use.
+    table: OnceLock<std::sync::Arc<TokenTable>>,
     /// `token-sequences-for` results by (text, max tail).
     sequences: Mutex<HashMap<(String, u32), Vec<TokenSequence>>>,
 }
@@ -35,9 +55,52 @@ impl VocabView {
     pub fn new(tokenizer: TextTokenizer) -> Self {
         VocabView {
             tokenizer,
+            eos: Vec::new(),
+            width: 0,
             pieces: OnceLock::new(),
+            table: OnceLock::new(),
             sequences: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Adds what the model declares beyond its tokenizer: its EOS ids and
+    /// the width of its logits (which may exceed the tokenizer's
+    /// vocabulary: Qwen2.5 pads 151,665 tokens to 151,936 logits).
+    pub fn with_model(mut self, eos: Vec<u32>, logits_width: usize) -> Self {
+        self.eos = eos;
+        self.width = logits_width;
+        self
+    }
+
+    /// Every token's bytes in one table, one entry per logit (padding ids
+    /// have no bytes), with the EOS and special ids. Built once.
+    pub fn token_table(&self) -> std::sync::Arc<TokenTable> {
+        self.table
+            .get_or_init(|| {
+                let pieces = self.pieces();
+                let width = self.width.max(pieces.len());
+                let mut t = TokenTable {
+                    eos: self.eos.clone(),
+                    ..TokenTable::default()
+                };
+                t.ends.reserve(width);
+                for id in 0..width {
+                    if let Some(p) = pieces.get(id) {
+                        t.bytes.extend_from_slice(p);
+                    }
+                    t.ends.push(t.bytes.len() as u32);
+                }
+                t.special = self
+                    .tokenizer
+                    .special_token_texts()
+                    .iter()
+                    .filter_map(|text| self.tokenizer.token_to_id(text))
+                    .collect();
+                t.special.sort_unstable();
+                t.special.dedup();
+                std::sync::Arc::new(t)
+            })
+            .clone()
     }
 
     fn pieces(&self) -> &[Vec<u8>] {
@@ -103,7 +166,7 @@ impl VocabView {
 }
 
 impl PluginState {
-    fn vocab_view(&self) -> wasmtime::Result<&VocabView> {
+    pub(crate) fn vocab_view(&self) -> wasmtime::Result<&VocabView> {
         match &self.vocab {
             Some(v) => Ok(v),
             None => {

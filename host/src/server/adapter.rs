@@ -124,6 +124,12 @@ impl AdapterCall {
         Ok(action)
     }
 
+    /// The output constraint the adapter attached during `handle`
+    /// (`structured-output.constrain`), taken.
+    pub fn take_constraint(&mut self) -> Option<crate::plugin::constraint::ConstraintRequest> {
+        self.store.data_mut().constraint.take()
+    }
+
     /// `render`: the whole, non-streamed response.
     pub fn render(&mut self, update: &GenerationUpdate) -> Result<HttpResponse, PluginError> {
         self.store.set_epoch_deadline(self.deadline_ticks);

@@ -351,7 +351,7 @@ pub async fn dispatch(
             .unwrap_or(0),
         model_id: frontend.model_id.clone(),
     };
-    let services = adapter_services(&app, &adapter, &frontend);
+    let services = adapter_services(&app, &plugins, &adapter, &frontend);
     let mut call = match AdapterCall::new(plugins.clone(), &adapter, ctx, Some(services)) {
         Ok(c) => c,
         Err(e) => return response(host_error(&plugin_error(&e))),
@@ -459,10 +459,15 @@ pub async fn dispatch(
         let action = call.handle(&http_req);
         let prepared = match action {
             Ok(Action::Respond(r)) => Ok(Err(r)),
-            Ok(Action::Generate(g)) => match prepare(g, &frontend2, &plugins2, &app2.defaults) {
-                Ok(p) => Ok(Ok(p)),
-                Err(e) => Ok(Err(call.render_error(&e))),
-            },
+            Ok(Action::Generate(g)) => {
+                let constraint = call.take_constraint();
+                match prepare(g, &frontend2, &plugins2, &app2.defaults)
+                    .and_then(|p| super::request::constrained(p, constraint))
+                {
+                    Ok(p) => Ok(Ok(p)),
+                    Err(e) => Ok(Err(call.render_error(&e))),
+                }
+            }
             Err(e) => Err(e),
         };
         drop(http_req);
@@ -492,7 +497,12 @@ pub async fn dispatch(
 
 /// What adapter `name` may call while serving one request: its part of
 /// the response store and the served model's prompt counter.
-fn adapter_services(app: &Arc<AppState>, name: &str, frontend: &Arc<Frontend>) -> AdapterServices {
+fn adapter_services(
+    app: &Arc<AppState>,
+    plugins: &PluginHost,
+    name: &str,
+    frontend: &Arc<Frontend>,
+) -> AdapterServices {
     let frontend = frontend.clone();
     let defaults = app.defaults.clone();
     let count = move |g: super::adapter::GenerationRequest| {
@@ -502,7 +512,19 @@ fn adapter_services(app: &Arc<AppState>, name: &str, frontend: &Arc<Frontend>) -
         namespace: name.to_string(),
         store: app.response_store.clone(),
         count_tokens: Some(Arc::new(count)),
+        constraint_plugins: constraint_plugins(plugins),
+        default_constraint: app.defaults.grammar_plugin.clone(),
     }
+}
+
+/// The names of the constraint plugins `plugins` holds.
+fn constraint_plugins(plugins: &PluginHost) -> Vec<String> {
+    plugins
+        .plugins
+        .values()
+        .filter(|p| p.manifest.kinds.contains(&Kind::Constraint))
+        .map(|p| p.manifest.name.clone())
+        .collect()
 }
 
 /// Queues the job and renders its events.
@@ -538,6 +560,7 @@ async fn run_generation(
         events: tx,
         cancel,
         plugins,
+        constraint: prepared.constraint,
     };
     if app.engine.in_flight() >= app.max_queue {
         let busy = api_error(
@@ -1055,6 +1078,10 @@ fn plugin_error(e: &PluginError) -> ApiError {
     match e {
         PluginError::Rejected { plugin, .. } => ApiError {
             param: Some(format!("plugin_params.{plugin}")),
+            ..api_error(400, ErrorKind::InvalidRequest, e.to_string())
+        },
+        PluginError::Grammar { field, .. } => ApiError {
+            param: Some(field.clone()),
             ..api_error(400, ErrorKind::InvalidRequest, e.to_string())
         },
         PluginError::Unknown { .. } => api_error(400, ErrorKind::InvalidRequest, e.to_string()),

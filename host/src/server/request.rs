@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::engine::GenerateRequest;
 use crate::model::TemplateMessage;
 use crate::output::{choose_parser, OutputPipeline, ParserSession};
+use crate::plugin::constraint::ConstraintRequest;
 use crate::plugin::{Kind, PluginHost, SamplingParams};
 
 use super::adapter::{ApiError, ContentPart, ErrorKind, GenerationRequest, Prompt, ToolChoice};
@@ -49,6 +50,9 @@ pub struct Defaults {
     /// `--keep-prompt-metadata`: adapters keep client metadata verbatim
     /// (the host sets [`KEEP_METADATA_HEADER`] on every request).
     pub keep_prompt_metadata: bool,
+    /// `--grammar-plugin`: the constraint plugin for structured output when
+    /// a request names none.
+    pub grammar_plugin: String,
 }
 
 /// The request header that tells an adapter to keep client metadata in the
@@ -129,6 +133,30 @@ pub struct Prepared {
     /// `parallel_tool_calls: false` with tools: the reply ends after its
     /// first complete call.
     pub single_call: bool,
+    /// The grammar the output must match (structured output), if any.
+    pub constraint: Option<ConstraintRequest>,
+}
+
+/// `p` with the output constraint its adapter attached. Errors: a 400 when
+/// the reply's start is already forced (`tool_choice` `required` or
+/// named), which the grammar would have to describe too.
+pub fn constrained(
+    mut p: Prepared,
+    constraint: Option<ConstraintRequest>,
+) -> Result<Prepared, ApiError> {
+    if let Some(c) = &constraint {
+        if p.forced.is_some() || !p.request.forced_choices.is_empty() {
+            return Err(bad(
+                Some(&c.field),
+                format!(
+                    "`{}` cannot be combined with `tool_choice` `required` or a named function: the reply must be a tool call",
+                    c.field
+                ),
+            ));
+        }
+    }
+    p.constraint = constraint;
+    Ok(p)
 }
 
 fn bad(param: Option<&str>, message: impl Into<String>) -> ApiError {
@@ -429,6 +457,7 @@ pub fn prepare(
         single_call: tools_on && !g.parallel_tool_calls,
         pipeline,
         forced,
+        constraint: None,
     })
 }
 

@@ -55,6 +55,8 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
     f.string("model")?;
     f.string("user")?;
     let prompt = parse_prompt(obj)?;
+    let constraint = mlxhost_plugin_sdk::structured::vllm_structured_outputs(obj)
+        .map_err(crate::request::lift)?;
     if let Some(n) = f.uint("n")? {
         if n != 1 {
             return Err(invalid(
@@ -146,6 +148,7 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
             tokens_as_ids,
             echo,
             offsets: Offsets::default(),
+            constraint,
         },
     ))
 }

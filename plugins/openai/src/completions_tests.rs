@@ -587,3 +587,20 @@ fn seed_is_a_signed_64_bit_integer_as_in_responses() {
         assert!(message.contains("-2^63 to 2^63-1"), "{message}");
     }
 }
+
+#[test]
+fn vllm_structured_output_fields_become_the_constraint() {
+    use mlxhost_plugin_sdk::structured::Grammar;
+    let c = opts(json!({"prompt": "x", "guided_regex": "[a-z]+"}))
+        .constraint
+        .expect("constraint");
+    assert_eq!(
+        (c.field.as_str(), c.grammar),
+        ("guided_regex", Grammar::Regex("[a-z]+".into()))
+    );
+    let c = opts(json!({"prompt": "x", "structured_outputs": {"grammar": "start: \"a\""}}))
+        .constraint
+        .expect("constraint");
+    assert_eq!(c.field, "structured_outputs.grammar");
+    assert!(opts(json!({"prompt": "x"})).constraint.is_none());
+}

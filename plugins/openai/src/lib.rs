@@ -1,6 +1,7 @@
 //! The `openai` API adapter: OpenAI Chat Completions and legacy
-//! Completions over the host's HTTP, on `mlxhost:plugin@0.2.0` (content
-//! parts, tool calls, reasoning).
+//! Completions over the host's HTTP, on `mlxhost:plugin@0.3.0` (0.2.0's
+//! adapter world: content parts, tool calls, reasoning; plus structured
+//! output through the host's `structured-output` service).
 //!
 //! Routes: `GET /v1/models` and `GET /v1/models/{model}` (OpenAI's shape,
 //! or Anthropic's when the request carries `anthropic-version`), `POST /v1/chat/completions` (streamed as SSE
@@ -29,6 +30,8 @@ use mlxhost_plugin_sdk::v2::adapter::exports::mlxhost::plugin::api_adapter::{
     RequestContext, Route, SseEvent,
 };
 
+use mlxhost_plugin_sdk::structured::OutputConstraint;
+use mlxhost_plugin_sdk::v3::structured_output::mlxhost::plugin0_3_0::structured_output;
 use request::{Endpoint, Invalid, RenderOptions};
 
 const CHAT: &str = "/v1/chat/completions";
@@ -59,7 +62,10 @@ fn error_response(e: ApiError) -> HttpResponse {
 /// A parsed request becomes a generation (its options kept for `render*`),
 /// a rejected one a 400 naming the field.
 fn generate_or_400(parsed: Result<(api::GenerationRequest, RenderOptions), Invalid>) -> Action {
-    match parsed {
+    match parsed.and_then(|(generation, opts)| {
+        constrain(opts.constraint.as_ref())?;
+        Ok((generation, opts))
+    }) {
         Ok((generation, opts)) => {
             OPTIONS.with(|o| *o.borrow_mut() = opts);
             Action::Generate(generation)
@@ -71,6 +77,18 @@ fn generate_or_400(parsed: Result<(api::GenerationRequest, RenderOptions), Inval
             param: invalid.param,
         })),
     }
+}
+
+/// Hands the request's output constraint to the host (WIT 0.3.0
+/// `structured-output`). Errors: a 400 naming the field when the server
+/// cannot enforce it (no constraint plugin loaded, a grammar over its size
+/// limit).
+fn constrain(c: Option<&OutputConstraint>) -> Result<(), Invalid> {
+    let Some(c) = c else { return Ok(()) };
+    structured_output::constrain(c).map_err(|message| Invalid {
+        message: format!("`{}`: {message}", c.field),
+        param: Some(c.field.clone()),
+    })
 }
 
 struct Adapter;

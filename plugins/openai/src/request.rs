@@ -6,9 +6,13 @@
 //! (`top_k`, `min_p`, `repetition_penalty`, ...) follow mlx_lm.server's
 //! spelling. Every rejection names the field (`param`) as OpenAI does, with
 //! the path spelled as OpenAI spells it (`messages[2].tool_calls[0].id`).
-//! Fields this adapter does not know are ignored (as before), except
-//! `response_format` with a type other than `text` (a 400: the output is
-//! not constrained, so silently ignoring it would break JSON-mode clients).
+//! Fields this adapter does not know are ignored (as before).
+//!
+//! Structured output: `response_format` (`json_object`, `json_schema` with
+//! `strict`), or vLLM's `structured_outputs` / `guided_*` fields, become an
+//! output constraint (`RenderOptions::constraint`) that `handle` attaches
+//! through the host's `structured-output` service (WIT 0.3.0); the host's
+//! constraint plugin then enforces it token by token.
 //!
 //! Non-standard extension fields (not in OpenAI's API):
 //! - `top_k`, `min_p`, `xtc_probability`, `xtc_threshold`,
@@ -28,6 +32,7 @@
 use std::collections::HashSet;
 
 use mlxhost_plugin_sdk::fields::{self, valid_function_name};
+use mlxhost_plugin_sdk::structured::{self, OutputConstraint};
 use mlxhost_plugin_sdk::v2::adapter::mlxhost::plugin::request::{
     ContentPart, GenerationRequest, Message, Prompt, SamplingRequest, ToolCall, ToolChoice,
 };
@@ -71,6 +76,9 @@ pub struct RenderOptions {
     /// Completions streams: where the next token starts in the text
     /// streamed so far (`logprobs.text_offset`), carried across updates.
     pub offsets: crate::completions::Offsets,
+    /// The request's output constraint (structured output), which `handle`
+    /// hands to the host; rendering does not use it.
+    pub constraint: Option<OutputConstraint>,
 }
 
 /// Parses and validates a request body.
@@ -119,7 +127,7 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
     }
     let sampling = sampling(obj)?;
     let stop = stop(obj)?;
-    parse_response_format(obj.get("response_format"))?;
+    let constraint = output_constraint(obj)?;
     let sampler = f.string("sampler")?;
     let logits_processors = logits_processors(obj)?;
     let plugin_params = plugin_params(obj)?;
@@ -168,6 +176,7 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
             logprobs,
             include_usage,
             tokens_as_ids,
+            constraint,
             ..RenderOptions::default()
         },
     ))
@@ -815,22 +824,26 @@ fn parse_tool_choice(
     }
 }
 
-/// `response_format`: only `{"type": "text"}` (the default) is accepted;
-/// JSON mode and JSON schemas need constrained decoding, which the host
-/// does not do.
-fn parse_response_format(value: Option<&Value>) -> Result<(), Invalid> {
-    const P: &str = "response_format";
-    match value {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Object(o)) => match o.get("type") {
-            Some(Value::String(t)) if t == "text" => Ok(()),
-            Some(Value::String(t)) => Err(invalid(
-                P,
-                format!("`response_format` type `{t}` is not supported (only `text`)"),
-            )),
-            _ => Err(invalid(P, "`response_format.type` must be a string")),
-        },
-        Some(_) => Err(invalid(P, "`response_format` must be an object")),
+/// The structured output a chat request asks for: `response_format`, or
+/// vLLM's `structured_outputs` / `guided_*` fields (which vLLM also takes on
+/// Chat Completions); not both.
+fn output_constraint(obj: &Map<String, Value>) -> Result<Option<OutputConstraint>, Invalid> {
+    let from_format = structured::chat_response_format(obj.get("response_format")).map_err(lift)?;
+    let from_vllm = structured::vllm_structured_outputs(obj).map_err(lift)?;
+    match (from_format, from_vllm) {
+        (Some(_), Some(v)) => Err(invalid(
+            &v.field,
+            format!("`{}` cannot be combined with `response_format`", v.field),
+        )),
+        (a, b) => Ok(a.or(b)),
+    }
+}
+
+/// The SDK's field error as this adapter's.
+pub(crate) fn lift(e: fields::Invalid) -> Invalid {
+    Invalid {
+        message: e.message,
+        param: e.param,
     }
 }
 

@@ -398,12 +398,16 @@ fn each_rejection_names_its_param() {
             "chat_template_kwargs",
         ),
         (
-            json!({"messages": [user("hi")], "response_format": {"type": "json_object"}}),
-            "response_format",
+            json!({"messages": [user("hi")], "response_format": {"type": "yaml"}}),
+            "response_format.type",
         ),
         (
             json!({"messages": [user("hi")], "response_format": {"type": "json_schema", "json_schema": {}}}),
-            "response_format",
+            "response_format.json_schema.name",
+        ),
+        (
+            json!({"messages": [user("hi")], "response_format": {"type": "json_object"}, "guided_regex": "a"}),
+            "guided_regex",
         ),
         (
             json!({"messages": [user("hi")], "response_format": "json"}),
@@ -780,4 +784,29 @@ fn streamed_logprobs_ride_on_the_first_chunk_of_an_update() {
     );
     assert_eq!(chunks[3]["choices"][0]["logprobs"], Value::Null);
     assert_eq!(chunks[3]["choices"][0]["delta"]["tool_calls"][0]["id"], "c");
+}
+
+#[test]
+fn structured_output_fields_become_the_constraint() {
+    use mlxhost_plugin_sdk::structured::Grammar;
+    let constraint = |body: Value| {
+        request::parse(body.to_string().as_bytes())
+            .expect("valid")
+            .1
+            .constraint
+    };
+    assert!(constraint(json!({"messages": [user("hi")]})).is_none());
+    let c = constraint(
+        json!({"messages": [user("hi")], "response_format": {"type": "json_schema",
+        "json_schema": {"name": "r", "strict": true, "schema": {"type": "object"}}}}),
+    )
+    .expect("constraint");
+    assert_eq!(c.field, "response_format");
+    assert_eq!(
+        c.grammar,
+        Grammar::JsonSchema(r#"{"type":"object"}"#.into())
+    );
+    let c = constraint(json!({"messages": [user("hi")], "guided_choice": ["yes", "no"]}))
+        .expect("constraint");
+    assert_eq!(c.field, "guided_choice");
 }

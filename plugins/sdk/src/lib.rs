@@ -95,9 +95,48 @@ pub mod v2 {
     }
 }
 
+/// Bindings for `mlxhost:plugin@0.3.0` (`wit/0.3.0/plugin.wit`): output
+/// constraints.
+pub mod v3 {
+    /// The `constraint-plugin` world (a constraint engine: token masks per
+    /// row per step over a per-model engine).
+    pub mod constraint {
+        wit_bindgen::generate!({
+            path: "../../wit/0.3.0",
+            world: "constraint-plugin",
+            pub_export_macro: true,
+            export_macro_name: "export_constraint",
+            default_bindings_module: "mlxhost_plugin_sdk::v3::constraint",
+        });
+    }
+
+    /// The `structured-output` import of the 0.3.0 `api-adapter-plugin`
+    /// world (0.2.0's adapter plus this import). A 0.3.0 adapter exports
+    /// through [`crate::v2::adapter`] (its `export_adapter!`) and calls
+    /// `structured_output::constrain` from here; the component then imports
+    /// it beside 0.2.0's interfaces. (Bound as a world of its own: a second
+    /// binding of 0.2.0's `api-adapter` export would define its export
+    /// macro twice.)
+    pub mod structured_output {
+        wit_bindgen::generate!({
+            inline: "package mlxhost:sdk-v3;\nworld structured-output-import { import mlxhost:plugin/structured-output@0.3.0; }",
+            path: "../../wit/0.3.0",
+            world: "mlxhost:sdk-v3/structured-output-import",
+            generate_all,
+            // Adapters compare parsed constraints in their tests.
+            additional_derives: [PartialEq],
+        });
+    }
+}
+
 /// JSON request fields for adapters (feature `json`).
 #[cfg(feature = "json")]
 pub mod fields;
+
+/// Each dialect's structured-output fields as an output constraint
+/// (feature `json`).
+#[cfg(feature = "json")]
+pub mod structured;
 
 /// Parses a plugin's `extra` parameters (a JSON object) into `(key, value)`
 /// number pairs, for plugins that take simple numeric options without a JSON
