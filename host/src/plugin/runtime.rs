@@ -116,7 +116,7 @@ pub enum PluginError {
     /// A constraint plugin rejected the request's grammar (invalid, or a
     /// feature it does not support): the client's fault, a 400 naming the
     /// request field the grammar came from.
-    #[error("`{field}`: the `{plugin}` plugin rejected the grammar: {cause}")]
+    #[error("the `{plugin}` plugin rejected the grammar: {cause}")]
     Grammar {
         /// Plugin name.
         plugin: String,

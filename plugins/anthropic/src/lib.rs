@@ -21,6 +21,7 @@ use mlxhost_plugin_sdk::v2::adapter::exports::mlxhost::plugin::api_adapter::{
     RequestContext, Route, SseEvent,
 };
 use mlxhost_plugin_sdk::v2::adapter::mlxhost::plugin::prompt;
+use mlxhost_plugin_sdk::v3::structured_output::mlxhost::plugin0_3_0::structured_output;
 use serde_json::json;
 
 const MESSAGES: &str = "/v1/messages";
@@ -58,6 +59,19 @@ fn normalize(headers: &[(String, String)]) -> request::Normalize {
 /// The header that keeps client metadata in the prompt.
 const KEEP_METADATA: &str = "x-mlxhost-keep-metadata";
 
+/// Hands `output_config.format`'s constraint to the host (WIT 0.3.0
+/// `structured-output`). Errors: a 400 naming the field when the server
+/// cannot enforce it.
+fn constrain(
+    c: Option<&mlxhost_plugin_sdk::structured::OutputConstraint>,
+) -> Result<(), request::Invalid> {
+    let Some(c) = c else { return Ok(()) };
+    structured_output::constrain(c).map_err(|message| request::Invalid {
+        message: format!("{}: {message}", c.field),
+        param: Some(c.field.clone()),
+    })
+}
+
 impl api::Guest for Adapter {
     fn routes() -> Vec<Route> {
         [MESSAGES, COUNT_TOKENS]
@@ -74,7 +88,9 @@ impl api::Guest for Adapter {
         // `anthropic-beta`) are accepted and not read: the host checks keys.
         let norm = normalize(&req.headers);
         match (req.method.as_str(), req.path.as_str()) {
-            ("POST", MESSAGES) => match request::parse(&req.body, norm) {
+            ("POST", MESSAGES) => match request::parse_with_constraint(&req.body, norm)
+                .and_then(|(generation, c)| constrain(c.as_ref()).map(|()| generation))
+            {
                 Ok(generation) => {
                     STREAM.with(|s| *s.borrow_mut() = render::Stream::default());
                     Action::Generate(generation)

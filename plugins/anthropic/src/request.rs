@@ -21,8 +21,13 @@
 //! - every other block type (`document`, `search_result`, server tool
 //!   blocks, ...) -> 400 naming the type.
 //!
+//! Structured output: `output_config.format` (`{"type": "json_schema",
+//! "schema"}`), or the beta's top-level `output_format` of the same shape,
+//! becomes an output constraint ([`parse_with_constraint`]) that `handle`
+//! hands to the host's `structured-output` service (WIT 0.3.0).
+//!
 //! Ignored fields (accepted, no effect): `metadata`, `thinking`,
-//! `context_management`, `output_config`, `service_tier`, `container`,
+//! `context_management`, `output_config` other than `format` (`effort`), `service_tier`, `container`,
 //! `mcp_servers` and every field this adapter does not know; `cache_control`
 //! and `citations` inside blocks; server tools (a `tools[]` entry whose
 //! `type` is not `custom`, e.g. `web_search_20250305`, `bash_20250124`).
@@ -33,6 +38,8 @@
 //! `chat_template_kwargs` (an object of extra chat template variables).
 
 use std::collections::HashSet;
+
+use mlxhost_plugin_sdk::structured::{self, OutputConstraint};
 
 use mlxhost_plugin_sdk::fields::valid_tool_name;
 use mlxhost_plugin_sdk::v2::adapter::mlxhost::plugin::request::{
@@ -73,8 +80,31 @@ pub struct Normalize {
 }
 
 /// Parses and validates a `/v1/messages` body.
+#[cfg(test)]
 pub fn parse(body: &[u8], norm: Normalize) -> Result<GenerationRequest, Invalid> {
-    parse_body(body, false, norm)
+    parse_with_constraint(body, norm).map(|(g, _)| g)
+}
+
+/// [`parse`], with the output constraint `output_config.format` (or
+/// `output_format`) asks for.
+pub fn parse_with_constraint(
+    body: &[u8],
+    norm: Normalize,
+) -> Result<(GenerationRequest, Option<OutputConstraint>), Invalid> {
+    let g = parse_body(body, false, norm)?;
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| body_error(format!("the request body is not valid JSON: {e}")))?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| body_error("the request body must be a JSON object"))?;
+    let c = structured::anthropic_output_format(obj).map_err(|e| Invalid {
+        message: match &e.param {
+            Some(p) => format!("{p}: {}", e.message),
+            None => e.message,
+        },
+        param: e.param,
+    })?;
+    Ok((g, c))
 }
 
 /// Parses and validates a `/v1/messages/count_tokens` body: the same

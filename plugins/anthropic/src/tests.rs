@@ -1249,3 +1249,32 @@ fn tool_use_ids() {
     assert_eq!(render::tool_use_id("call_abc"), "toolu_abc");
     assert_eq!(render::tool_use_id("xyz"), "toolu_xyz");
 }
+
+#[test]
+fn output_config_format_becomes_the_constraint() {
+    use mlxhost_plugin_sdk::structured::Grammar;
+    let body = json!({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}],
+        "output_config": {"effort": "low", "format": {"type": "json_schema", "schema": {"type": "object"}}}});
+    let (_, c) =
+        request::parse_with_constraint(body.to_string().as_bytes(), request::Normalize::default())
+            .expect("valid");
+    let c = c.expect("constraint");
+    assert_eq!(
+        (c.field.as_str(), c.grammar),
+        (
+            "output_config.format",
+            Grammar::JsonSchema(r#"{"type":"object"}"#.into())
+        )
+    );
+    let bad = json!({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}],
+        "output_format": {"type": "json_schema"}});
+    let e =
+        request::parse_with_constraint(bad.to_string().as_bytes(), request::Normalize::default())
+            .unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("output_format.schema"));
+    assert!(
+        e.message.starts_with("output_format.schema: "),
+        "{}",
+        e.message
+    );
+}

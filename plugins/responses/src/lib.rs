@@ -31,6 +31,7 @@ use mlxhost_plugin_sdk::v2::adapter::exports::mlxhost::plugin::api_adapter::{
     Route, SseEvent,
 };
 use mlxhost_plugin_sdk::v2::adapter::mlxhost::plugin::{prompt, response_store};
+use mlxhost_plugin_sdk::v3::structured_output::mlxhost::plugin0_3_0::structured_output;
 use serde_json::{json, Value};
 
 use request::Options;
@@ -105,13 +106,26 @@ fn path_id(path: &str) -> &str {
 
 fn create(body: &[u8]) -> Action {
     let resolve = |id: &str| load(id).map(|s| s.conversation);
-    match request::parse(body, &resolve, false) {
+    match request::parse(body, &resolve, false).and_then(|(generation, opts)| {
+        constrain(opts.constraint.as_ref())?;
+        Ok((generation, opts))
+    }) {
         Ok((generation, opts)) => {
             OPTIONS.with(|o| *o.borrow_mut() = opts);
             Action::Generate(generation)
         }
         Err(i) => Action::Respond(rejected(i)),
     }
+}
+
+/// Hands `text.format`'s constraint to the host (WIT 0.3.0
+/// `structured-output`). Errors: a 400 naming the field when the server
+/// cannot enforce it.
+fn constrain(c: Option<&mlxhost_plugin_sdk::structured::OutputConstraint>) -> Result<(), Invalid> {
+    let Some(c) = c else { return Ok(()) };
+    structured_output::constrain(c).map_err(|message| {
+        mlxhost_plugin_sdk::fields::invalid(&c.field, format!("`{}`: {message}", c.field))
+    })
 }
 
 fn input_tokens(body: &[u8]) -> Action {

@@ -32,6 +32,7 @@ use std::collections::HashSet;
 use mlxhost_plugin_sdk::fields::{
     extensions, invalid, object, valid_function_name, Fields, Invalid,
 };
+use mlxhost_plugin_sdk::structured;
 use mlxhost_plugin_sdk::v2::adapter::mlxhost::plugin::request::{
     ContentPart, GenerationRequest, Message, Prompt, SamplingRequest, ToolCall, ToolChoice,
 };
@@ -53,6 +54,9 @@ pub struct Options {
     pub conversation: Vec<Message>,
     /// This request's input items, normalized (`GET .../input_items`).
     pub input_items: Vec<Value>,
+    /// `text.format` `json_schema` / `json_object`: the output constraint
+    /// `handle` hands to the host (structured output).
+    pub constraint: Option<structured::OutputConstraint>,
 }
 
 /// Parses a `/v1/responses` (or `/v1/responses/input_tokens`) body.
@@ -153,6 +157,7 @@ pub fn parse(
     let (tool_choice, tool_choice_echo) = parse_tool_choice(f.get("tool_choice"), &tools)?;
     let parallel_tool_calls = f.bool("parallel_tool_calls")?.unwrap_or(true);
     let text = parse_text(f.get("text"))?;
+    let constraint = structured::responses_text_format(f.get("text"))?;
     let reasoning = match f.object("reasoning")? {
         None => json!({"effort": null, "summary": null}),
         Some(r) => {
@@ -240,6 +245,7 @@ pub fn parse(
         echo,
         conversation,
         input_items,
+        constraint,
     };
     Ok((request, options))
 }
@@ -676,9 +682,9 @@ fn parse_tool_choice(
     Ok((choice, echo))
 }
 
-/// `text`: `format` `{"type": "text"}` only (structured outputs need
-/// constrained decoding, which this server does not do); `verbosity` is
-/// accepted and ignored. Returns the echoed `text`.
+/// `text`: `format` `{"type": "text"}` (the default), `json_object` or
+/// `json_schema` (structured outputs, [`Options::constraint`]);
+/// `verbosity` is accepted and ignored. Returns the echoed `text`.
 fn parse_text(value: Option<&Value>) -> Result<Value, Invalid> {
     let Some(v) = value.filter(|v| !v.is_null()) else {
         return Ok(json!({"format": {"type": "text"}}));
@@ -686,19 +692,6 @@ fn parse_text(value: Option<&Value>) -> Result<Value, Invalid> {
     let o = v
         .as_object()
         .ok_or_else(|| invalid("text", "`text` must be an object"))?;
-    let f = Fields::new(o, "text");
-    if let Some(format) = f.object("format")? {
-        match format.get("type").and_then(Value::as_str) {
-            Some("text") => {}
-            Some(t) => {
-                return Err(invalid(
-                    "text.format",
-                    format!("`text.format` type `{t}` is not supported (only `text`): this server does not constrain output to a schema"),
-                ))
-            }
-            None => return Err(invalid("text.format.type", "`text.format.type` is required")),
-        }
-    }
     let mut echo = o.clone();
     echo.entry("format").or_insert(json!({"type": "text"}));
     Ok(Value::Object(echo))

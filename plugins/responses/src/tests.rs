@@ -551,3 +551,23 @@ fn seed_is_a_signed_64_bit_integer_as_in_chat_completions() {
         assert!(e.message.contains("-2^63 to 2^63-1"), "{}", e.message);
     }
 }
+
+#[test]
+fn text_format_json_schema_becomes_the_constraint_and_is_echoed() {
+    use mlxhost_plugin_sdk::structured::Grammar;
+    let body = json!({"input": "hi", "text": {"format": {"type": "json_schema", "name": "r",
+        "strict": true, "schema": {"type": "object"}}}});
+    let none = |_: &str| None;
+    let (_, opts) =
+        crate::request::parse(body.to_string().as_bytes(), &none, false).expect("valid");
+    let c = opts.constraint.expect("constraint");
+    assert_eq!(c.field, "text.format");
+    assert_eq!(
+        c.grammar,
+        Grammar::JsonSchema(r#"{"type":"object"}"#.into())
+    );
+    assert_eq!(opts.echo["text"]["format"]["type"], json!("json_schema"));
+    let bad = json!({"input": "hi", "text": {"format": {"type": "json_schema", "name": "r"}}});
+    let e = crate::request::parse(bad.to_string().as_bytes(), &none, false).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("text.format.schema"));
+}
