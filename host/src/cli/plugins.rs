@@ -54,7 +54,14 @@ pub fn run(cmd: PluginsCommand) -> anyhow::Result<()> {
                     None => mlxhost::model::default_model_path(),
                 };
                 match mlxhost::model::load_tokenizer(&path) {
-                    Ok(t) => host.set_vocab(std::sync::Arc::new(mlxhost::plugin::VocabView::new(t))),
+                    Ok(t) => {
+                        // No model config here: EOS is the tokenizer's end-of-turn or
+                        // end-of-text token, enough for a constraint plugin's smoke call.
+                        let eos = mlxhost::plugin::vocab::likely_eos_ids(&t);
+                        host.set_vocab(std::sync::Arc::new(
+                            mlxhost::plugin::VocabView::new(t).with_model(eos, 0),
+                        ))
+                    }
                     Err(e) => println!("note: no vocabulary for the smoke calls ({e}); plugins using `vocab` will fail"),
                 }
             }

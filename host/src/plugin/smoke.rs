@@ -23,6 +23,9 @@ pub fn check(host: &std::sync::Arc<PluginHost>, plugin: &LoadedPlugin) -> Result
     if kinds.contains(&Kind::ToolCallParser) || kinds.contains(&Kind::ReasoningParser) {
         return check_parser(host, plugin);
     }
+    if kinds.contains(&Kind::Constraint) {
+        return check_constraint(host, plugin);
+    }
     if kinds.contains(&Kind::ApiAdapter)
         && !kinds.contains(&Kind::Sampler)
         && !kinds.contains(&Kind::LogitsProcessor)
@@ -83,6 +86,33 @@ pub fn check(host: &std::sync::Arc<PluginHost>, plugin: &LoadedPlugin) -> Result
     Ok(format!(
         "one step in {:.2} ms, token {id}",
         started.elapsed().as_secs_f64() * 1e3
+    ))
+}
+
+/// A constraint plugin's engine built over the loaded vocabulary, and a
+/// `json_object` session's first mask: it must allow `{` and not EOS.
+fn check_constraint(host: &PluginHost, plugin: &LoadedPlugin) -> Result<String, String> {
+    use super::constraint::{ConstraintSession, Grammar, OpenError};
+    let name = &plugin.manifest.name;
+    let shared = host.constraint(name).map_err(|e| e.to_string())?;
+    let started = std::time::Instant::now();
+    shared
+        .lock()
+        .map_err(|_| "its instance is poisoned".to_string())?
+        .warm()
+        .map_err(|e| e.to_string())?;
+    let built = started.elapsed();
+    let extra = plugin.manifest.defaults_json().to_string();
+    let session =
+        ConstraintSession::open(shared, Grammar::JsonObject, extra).map_err(|e| match e {
+            OpenError::Rejected(m) => format!("rejected `json_object`: {m}"),
+            OpenError::Failed(e) => e.to_string(),
+        })?;
+    let words = session.mask().map_err(|e| e.to_string())?;
+    let allowed: u32 = words.iter().map(|w| w.count_ones()).sum();
+    Ok(format!(
+        "engine built in {:.0} ms; `json_object` allows {allowed} first tokens",
+        built.as_secs_f64() * 1e3
     ))
 }
 

@@ -35,6 +35,24 @@ pub struct TokenTable {
     pub special: Vec<u32>,
 }
 
+/// The ids of the usual end-of-turn / end-of-text tokens the tokenizer
+/// has (`<|im_end|>`, `<|endoftext|>`, `</s>`, `<|eot_id|>`,
+/// `<end_of_turn>`, `<eos>`), for callers with no model config to read EOS
+/// from (`plugins check`).
+pub fn likely_eos_ids(tokenizer: &TextTokenizer) -> Vec<u32> {
+    [
+        "<|im_end|>",
+        "<|endoftext|>",
+        "</s>",
+        "<|eot_id|>",
+        "<end_of_turn>",
+        "<eos>",
+    ]
+    .iter()
+    .filter_map(|t| tokenizer.token_to_id(t))
+    .collect()
+}
+
 /// A tokenizer plus what plugins ask of it repeatedly, computed once.
 pub struct VocabView {
     tokenizer: TextTokenizer,
