@@ -9,11 +9,12 @@
 //! absent (a field present as `null` stays off, as in mlx-lm: no softcap,
 //! no per-layer inputs, `head_dim` on full layers).
 
+use mlx_rs::{ops, Array};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::super::config::ModelConfig;
 use crate::cache::{KvShape, LayerKind};
+use crate::model::config::ModelConfig;
 use crate::model::ragged::Rope;
 
 /// The Gemma 4 fields of `config.json`, in that spelling (all `None` on
@@ -139,8 +140,7 @@ pub struct LayerAttention {
     pub cache_layer: usize,
     /// Whether it computes its own keys and values.
     pub has_kv: bool,
-    /// `(rope_type, rope_theta, partial_rotary_factor, factor)` from
-    /// `rope_parameters` for its type.
+    /// Its type's RoPE, from `rope_parameters`.
     pub rope: RopeSpec,
 }
 
@@ -168,7 +168,6 @@ pub enum RopeSpec {
 impl RopeSpec {
     /// The [`Rope`] a `d`-wide head applies.
     pub fn rope(&self, d: usize) -> crate::model::Result<Rope> {
-        use mlx_rs::{ops, Array};
         Ok(match *self {
             RopeSpec::Default { theta } => Rope::Base(theta),
             RopeSpec::Proportional {

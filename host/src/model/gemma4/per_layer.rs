@@ -109,3 +109,55 @@ impl PerLayerGate {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dense(rows: usize, cols: usize, scale: f32) -> Linear {
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| (i as f32 * 0.37).sin() * scale)
+            .collect();
+        let w = Array::from_slice(&w, &[rows as i32, cols as i32]);
+        Linear::Dense {
+            weight_t: w.t().contiguous().expect("transpose"),
+        }
+    }
+
+    /// `[N, L, P]` inputs as mlx-lm computes them, and ids past a smaller
+    /// per-layer vocabulary reading row 0 (Hugging Face's mask).
+    #[test]
+    fn inputs_combine_the_embedding_and_the_projection_per_layer() -> Result<()> {
+        let (layers, width, hidden) = (2usize, 4usize, 8usize);
+        let inputs = PerLayerInputs {
+            // `[V_pl = 3, L * P]` rows, stored as a linear `[L * P, ...]`.
+            embed: Embedding(dense(3, layers * width, 1.0)),
+            vocab: 3,
+            mask_ids: true,
+            projection: dense(layers * width, hidden, 0.5),
+            norm: Array::from_slice(&[1.0f32, 0.5, 2.0, 1.5], &[4]),
+            layers,
+            width,
+        };
+        let h = Array::from_slice(&[0.3f32; 8], &[1, 8]);
+        let h = ops::concatenate(&[h.clone(), h.clone(), h], 0)?;
+        let ids = Array::from_slice(&[0u32, 2, 4], &[3]);
+        let got = inputs.inputs(&ids, &h, 1e-6, Kernel::Float)?;
+        assert_eq!(got.shape(), &[3, 2, 4]);
+        // By hand: (norm(proj(h) / sqrt(H)) + embed[id] * sqrt(P)) / sqrt(2).
+        let proj = ops::multiply(
+            inputs.projection.forward(&h)?,
+            Array::from_f32((hidden as f32).powf(-0.5)),
+        )?
+        .reshape(&[3, 2, 4])?;
+        let proj = fast::rms_norm(&proj, Some(&inputs.norm), 1e-6)?;
+        let rows = inputs
+            .embed
+            .lookup(&Array::from_slice(&[0u32, 2, 0], &[3]), h.dtype())?;
+        let emb = ops::multiply(rows, Array::from_f32(2.0))?.reshape(&[3, 2, 4])?;
+        let want = ops::multiply(ops::add(&proj, &emb)?, Array::from_f32(2f32.powf(-0.5)))?;
+        let diff = ops::abs(ops::subtract(&got, &want)?)?.max(None)?;
+        assert!(diff.item_exact::<f32>() < 1e-6);
+        Ok(())
+    }
+}
