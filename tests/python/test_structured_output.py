@@ -201,3 +201,75 @@ def test_constrained_and_free_rows_share_steps(qwen):
             assert finish == "stop"
             validate(text, schema)
     assert frees == [200, 200, 200]
+
+
+STRICT_TOOLS = [
+    {"type": "function", "function": {"name": "book_table", "strict": True, "parameters": {
+        "type": "object", "additionalProperties": False,
+        "required": ["restaurant", "party_size", "day", "time"],
+        "properties": {
+            "restaurant": {"type": "string", "minLength": 1, "maxLength": 40},
+            "party_size": {"type": "integer", "minimum": 1, "maximum": 20},
+            "day": {"enum": ["monday", "tuesday", "wednesday", "thursday", "friday",
+                             "saturday", "sunday"]},
+            "time": {"type": "string", "pattern": "^[0-2][0-9]:[0-5][0-9]$"}}}}},
+    {"type": "function", "function": {"name": "convert", "strict": True, "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["amount", "from", "to"],
+        "properties": {
+            "amount": {"type": "number", "exclusiveMinimum": 0, "maximum": 1000000},
+            "from": {"type": "string", "pattern": "^[A-Z]{3}$"},
+            "to": {"type": "string", "pattern": "^[A-Z]{3}$"},
+            "round_to": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 4},
+                                   {"type": "null"}]}}}}},
+    {"type": "function", "function": {"name": "schedule", "strict": True, "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["title", "attendees"],
+        "properties": {
+            "title": {"type": "string", "maxLength": 60},
+            "attendees": {"type": "array", "minItems": 1, "maxItems": 5, "items": {
+                "type": "object", "additionalProperties": False, "required": ["name"],
+                "properties": {"name": {"type": "string", "maxLength": 30},
+                               "optional": {"type": "boolean"}}}}}}}},
+]
+STRICT_PROMPTS = [
+    "Book a table for 4 at Luigi on Friday at 19:00.",
+    "Convert 250 US dollars to euros.",
+    "Schedule a meeting called Planning with Ann and Bo.",
+    "Reserve Sushi Go for two people on Sunday at noon.",
+    "How many yen is 99.5 GBP? Round to 2 places.",
+]
+
+
+def test_strict_tool_calls_give_arguments_that_validate(qwen):
+    """20 forced calls (`required` and named, sampled) of strict tools: every call's arguments
+    validate against its tool's `parameters`, with Python `jsonschema`."""
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in STRICT_TOOLS}
+    names = list(schemas)
+
+    def call(i):
+        choice = "required" if i % 2 == 0 else {"type": "function",
+                                                 "function": {"name": names[i % 3]}}
+        with qwen.http() as http:
+            r = http.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": STRICT_PROMPTS[i % len(STRICT_PROMPTS)]}],
+                "tools": STRICT_TOOLS, "tool_choice": choice, "max_tokens": 160,
+                "temperature": 0.9, "seed": i})
+        assert r.status_code == 200, r.text
+        return choice, r.json()["choices"][0]
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(call, range(20)))
+    failures = []
+    for choice, c in results:
+        calls = c["message"].get("tool_calls") or []
+        if c["finish_reason"] != "tool_calls" or not calls:
+            failures.append(f"no call: {c}")
+            continue
+        for tc in calls:
+            name = tc["function"]["name"]
+            if isinstance(choice, dict) and name != choice["function"]["name"]:
+                failures.append(f"called {name}, not the named function")
+            try:
+                validate(tc["function"]["arguments"], schemas[name])
+            except (AssertionError, json.JSONDecodeError, KeyError) as e:
+                failures.append(f"{name}: {e}")
+    assert not failures, "\n".join(failures)

@@ -81,6 +81,10 @@ impl structured_output::Host for PluginState {
         });
         Ok(())
     }
+
+    fn strict_tools(&mut self, names: Vec<String>) {
+        self.strict_tools = names;
+    }
 }
 
 impl response_store::Host for PluginState {

@@ -64,6 +64,8 @@ pub struct PluginState {
     /// The output constraint an API adapter attached to the request it
     /// handles (`structured-output.constrain`).
     pub constraint: Option<super::constraint::ConstraintRequest>,
+    /// The tools an API adapter marked strict (`structured-output.strict-tools`).
+    pub strict_tools: Vec<String>,
 }
 
 impl PluginState {
@@ -77,6 +79,7 @@ impl PluginState {
             host_wait_credit: std::time::Duration::ZERO,
             host_wait_total: std::time::Duration::ZERO,
             constraint: None,
+            strict_tools: Vec::new(),
         }
     }
 

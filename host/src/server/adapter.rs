@@ -130,6 +130,12 @@ impl AdapterCall {
         self.store.data_mut().constraint.take()
     }
 
+    /// The tools the adapter marked strict during `handle`
+    /// (`structured-output.strict-tools`), taken.
+    pub fn take_strict_tools(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.store.data_mut().strict_tools)
+    }
+
     /// `render`: the whole, non-streamed response.
     pub fn render(&mut self, update: &GenerationUpdate) -> Result<HttpResponse, PluginError> {
         self.store.set_epoch_deadline(self.deadline_ticks);

@@ -461,9 +461,10 @@ pub async fn dispatch(
             Ok(Action::Respond(r)) => Ok(Err(r)),
             Ok(Action::Generate(g)) => {
                 let constraint = call.take_constraint();
-                match prepare(g, &frontend2, &plugins2, &app2.defaults)
-                    .and_then(|p| super::request::constrained(p, constraint))
-                {
+                let strict = call.take_strict_tools();
+                match prepare(g, &frontend2, &plugins2, &app2.defaults).and_then(|p| {
+                    super::request::constrained(p, constraint, &strict, &plugins2, &app2.defaults)
+                }) {
                     Ok(p) => Ok(Ok(p)),
                     Err(e) => Ok(Err(call.render_error(&e))),
                 }

@@ -12,6 +12,7 @@ pub mod intake;
 pub mod listen;
 pub mod metrics;
 pub mod request;
+pub mod strict_tools;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use super::strict_tools::CallAlternative;
 use crate::engine::GenerateRequest;
 use crate::model::TemplateMessage;
 use crate::output::{choose_parser, OutputPipeline, ParserSession};
@@ -135,14 +136,26 @@ pub struct Prepared {
     pub single_call: bool,
     /// The grammar the output must match (structured output), if any.
     pub constraint: Option<ConstraintRequest>,
+    /// When the reply must be a tool call: the functions it may call, with
+    /// the rest of each one's call prefix after the prefilled text.
+    pub call_alternatives: Vec<CallAlternative>,
+    /// The request's tools (for strict tools' schemas).
+    pub tools: Vec<crate::output::ToolDefinition>,
 }
 
-/// `p` with the output constraint its adapter attached. Errors: a 400 when
-/// the reply's start is already forced (`tool_choice` `required` or
-/// named), which the grammar would have to describe too.
+/// `p` with the output constraint its adapter attached, and its strict
+/// tools enforced: when the reply must be a tool call and one of the tools
+/// it may call is in `strict_tools`, a grammar over the call syntax
+/// ([`super::strict_tools`]) replaces the first-token mask, where the
+/// constraint plugin (`--grammar-plugin`) is loaded. Errors: a 400 when an
+/// output constraint comes with a forced tool call (`tool_choice`
+/// `required` or named), which the grammar would have to describe too.
 pub fn constrained(
     mut p: Prepared,
     constraint: Option<ConstraintRequest>,
+    strict_tools: &[String],
+    plugins: &PluginHost,
+    defaults: &Defaults,
 ) -> Result<Prepared, ApiError> {
     if let Some(c) = &constraint {
         if p.forced.is_some() || !p.request.forced_choices.is_empty() {
@@ -154,8 +167,25 @@ pub fn constrained(
                 ),
             ));
         }
+        p.constraint = constraint;
+        return Ok(p);
     }
-    p.constraint = constraint;
+    let plugin = &defaults.grammar_plugin;
+    if strict_tools.is_empty() || plugins.get(plugin, Kind::Constraint).is_err() {
+        return Ok(p);
+    }
+    let prefilled = p.forced.clone().unwrap_or_default();
+    let grammar =
+        super::strict_tools::call_grammar(&prefilled, &p.call_alternatives, &p.tools, strict_tools)
+            .map_err(|e| bad(Some("tools"), e))?;
+    if let Some(grammar) = grammar {
+        p.request.forced_choices.clear();
+        p.constraint = Some(ConstraintRequest {
+            plugin: plugin.clone(),
+            grammar,
+            field: "tools".into(),
+        });
+    }
     Ok(p)
 }
 
@@ -387,7 +417,7 @@ pub fn prepare(
         tool_parser,
         frontend.tokenizer.special_token_texts(),
     );
-    let (forced, choices) = forced_call(&g, &mut pipeline)?;
+    let (forced, choices, call_alternatives) = forced_call(&g, &mut pipeline)?;
     let encode = |text: &str| {
         frontend
             .tokenizer
@@ -458,6 +488,8 @@ pub fn prepare(
         pipeline,
         forced,
         constraint: None,
+        call_alternatives,
+        tools: g.tools.clone(),
     })
 }
 
@@ -483,14 +515,17 @@ fn parser_error(field: &str, e: crate::plugin::PluginError) -> ApiError {
 /// prefilled and each prefix's rest is returned as a choice: the engine
 /// masks the first tokens to those choices ([`crate::engine::constrain`]),
 /// so the model picks one of the functions and then writes its arguments.
+///
+/// Also returns each allowed function with the rest of its prefix after the
+/// prefilled text (for strict tools' grammar, [`constrained`]).
 fn forced_call(
     g: &GenerationRequest,
     pipeline: &mut OutputPipeline,
-) -> Result<(Option<String>, Vec<String>), ApiError> {
+) -> Result<ForcedCall, ApiError> {
     let names: Vec<&str> = match &g.tool_choice {
         ToolChoice::Named(name) => vec![name.as_str()],
         ToolChoice::Required => g.tools.iter().map(|t| t.name.as_str()).collect(),
-        ToolChoice::Auto | ToolChoice::None => return Ok((None, Vec::new())),
+        ToolChoice::Auto | ToolChoice::None => return Ok((None, Vec::new(), Vec::new())),
     };
     let Some(parser) = pipeline.tool_parser() else {
         return Err(bad(
@@ -513,10 +548,20 @@ fn forced_call(
         }
     }
     let Some(first) = prefixes.first() else {
-        return Ok((None, Vec::new()));
+        return Ok((None, Vec::new(), Vec::new()));
+    };
+    let alternatives = |common: usize| {
+        prefixes
+            .iter()
+            .zip(&names)
+            .map(|(p, n)| CallAlternative {
+                rest: p[common..].to_string(),
+                name: n.to_string(),
+            })
+            .collect()
     };
     if prefixes.len() == 1 {
-        return Ok((Some(first.clone()), Vec::new()));
+        return Ok((Some(first.clone()), Vec::new(), alternatives(first.len())));
     }
     let common = prefixes[1..]
         .iter()
@@ -524,8 +569,16 @@ fn forced_call(
         .min()
         .unwrap_or(0);
     let choices = prefixes.iter().map(|p| p[common..].to_string()).collect();
-    Ok(((common > 0).then(|| first[..common].to_string()), choices))
+    Ok((
+        (common > 0).then(|| first[..common].to_string()),
+        choices,
+        alternatives(common),
+    ))
 }
+
+/// A forced call: the prefilled text, the choices the first tokens are
+/// masked to, and the functions with the rest of their prefixes.
+type ForcedCall = (Option<String>, Vec<String>, Vec<CallAlternative>);
 
 /// Bytes `a` and `b` share at the start, at a character boundary.
 fn common_prefix_len(a: &str, b: &str) -> usize {

@@ -90,7 +90,12 @@ impl api::Guest for Adapter {
         match (req.method.as_str(), req.path.as_str()) {
             ("POST", MESSAGES) => match request::parse_with_constraint(&req.body, norm)
                 .and_then(|(generation, c)| constrain(c.as_ref()).map(|()| generation))
-            {
+                .inspect(|_| {
+                    let strict = request::strict_tool_names(&req.body);
+                    if !strict.is_empty() {
+                        structured_output::strict_tools(&strict);
+                    }
+                }) {
                 Ok(generation) => {
                     STREAM.with(|s| *s.borrow_mut() = render::Stream::default());
                     Action::Generate(generation)

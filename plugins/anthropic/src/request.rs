@@ -735,3 +735,20 @@ fn parse_tool_choice(
     };
     Ok((choice, parallel))
 }
+
+/// The names of the request's tools with `strict: true`, which `handle`
+/// hands to the host (WIT 0.3.0 `strict-tools`: enforced when the reply
+/// must be a call).
+pub fn strict_tool_names(body: &[u8]) -> Vec<String> {
+    let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(body) else {
+        return Vec::new();
+    };
+    let Some(Value::Array(tools)) = obj.get("tools") else {
+        return Vec::new();
+    };
+    tools
+        .iter()
+        .filter(|t| t.get("strict") == Some(&Value::Bool(true)))
+        .filter_map(|t| t.get("name").and_then(Value::as_str).map(str::to_string))
+        .collect()
+}

@@ -224,3 +224,49 @@ mod tests {
         assert!(s.accept(b'z' as u32).is_err());
     }
 }
+
+#[cfg(test)]
+mod call_grammar_tests {
+    use super::*;
+    use crate::tokens::tests::table;
+
+    /// The shape the host builds for `tool_choice` with strict tools: the
+    /// rest of a call's prefix, the arguments' schema, then free text.
+    #[test]
+    fn a_call_grammar_constrains_the_arguments_then_frees_the_tail() {
+        let t = table();
+        let e = Engine::new(&t, "{}").expect("engine");
+        let lark = "start: call_0 | call_1\n\
+                    call_0: \"ab\\\", \\\"arguments\\\": \" args_0 tail\n\
+                    call_1: \"cd\\\", \\\"arguments\\\": \" args_1 tail\n\
+                    args_0: %json {\"type\": \"object\", \"properties\": {\"n\": {\"type\": \"integer\"}}, \"required\": [\"n\"], \"additionalProperties\": false}\n\
+                    args_1: %json {\"type\": \"object\"}\n\
+                    tail: /(?s:.*)/\n";
+        let mut s = e
+            .session(&Grammar::Lark(lark.into()), "{}")
+            .expect("compiles");
+        for b in b"ab\", \"arguments\": {\"n\": " {
+            let m = s.mask().expect("mask");
+            assert!(
+                m[(*b as usize) / 32] & (1 << (*b % 32)) != 0,
+                "{}",
+                *b as char
+            );
+            s.accept(*b as u32).expect("fits");
+        }
+        let m = s.mask().expect("mask");
+        assert!(m[(b'7' as usize) / 32] & (1 << (b'7' % 32)) != 0);
+        assert!(
+            m[(b'"' as usize) / 32] & (1 << (b'"' % 32)) == 0,
+            "a string for an integer"
+        );
+        for b in b"7}}\n</tool_call> free" {
+            s.accept(*b as u32).expect("fits");
+        }
+        let m = s.mask().expect("mask");
+        assert!(
+            m[(t.eos[0] / 32) as usize] & (1 << (t.eos[0] % 32)) != 0,
+            "EOS after the tail"
+        );
+    }
+}

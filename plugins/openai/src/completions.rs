@@ -149,6 +149,7 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
             echo,
             offsets: Offsets::default(),
             constraint,
+            strict_tools: Vec::new(),
         },
     ))
 }

@@ -64,6 +64,9 @@ fn error_response(e: ApiError) -> HttpResponse {
 fn generate_or_400(parsed: Result<(api::GenerationRequest, RenderOptions), Invalid>) -> Action {
     match parsed.and_then(|(generation, opts)| {
         constrain(opts.constraint.as_ref())?;
+        if !opts.strict_tools.is_empty() {
+            structured_output::strict_tools(&opts.strict_tools);
+        }
         Ok((generation, opts))
     }) {
         Ok((generation, opts)) => {

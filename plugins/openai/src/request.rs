@@ -79,6 +79,22 @@ pub struct RenderOptions {
     /// The request's output constraint (structured output), which `handle`
     /// hands to the host; rendering does not use it.
     pub constraint: Option<OutputConstraint>,
+    /// Tools with `function.strict: true`, which `handle` hands to the host.
+    pub strict_tools: Vec<String>,
+}
+
+/// The names of `tools[]` whose `function.strict` is true (after
+/// `parse_tools` validated them).
+fn strict_tool_names(obj: &Map<String, Value>) -> Vec<String> {
+    let Some(Value::Array(tools)) = obj.get("tools") else {
+        return Vec::new();
+    };
+    tools
+        .iter()
+        .filter_map(|t| t.get("function"))
+        .filter(|f| f.get("strict") == Some(&Value::Bool(true)))
+        .filter_map(|f| f.get("name").and_then(Value::as_str).map(str::to_string))
+        .collect()
 }
 
 /// Parses and validates a request body.
@@ -177,6 +193,7 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
             include_usage,
             tokens_as_ids,
             constraint,
+            strict_tools: strict_tool_names(obj),
             ..RenderOptions::default()
         },
     ))
@@ -766,8 +783,8 @@ fn parse_tools(value: Option<&Value>) -> Result<Vec<ToolDefinition>, Invalid> {
                     ));
                 }
             };
-            // `strict` is accepted and not enforced: the host does not
-            // constrain arguments to the schema.
+            // `strict: true` is enforced by the host when the reply must be
+            // a call (`strict_tool_names`, WIT 0.3.0 `strict-tools`).
             match function.get("strict") {
                 None | Some(Value::Null) | Some(Value::Bool(_)) => {}
                 Some(_) => {

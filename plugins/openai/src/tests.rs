@@ -810,3 +810,13 @@ fn structured_output_fields_become_the_constraint() {
         .expect("constraint");
     assert_eq!(c.field, "guided_choice");
 }
+
+#[test]
+fn strict_tools_are_named_for_the_host() {
+    let tool = |name: &str, strict: Value| json!({"type": "function", "function": {"name": name, "parameters": {"type": "object"}, "strict": strict}});
+    let body = json!({"messages": [user("hi")], "tools": [tool("a", json!(true)), tool("b", json!(false)), tool("c", Value::Null)]});
+    let opts = request::parse(body.to_string().as_bytes())
+        .expect("valid")
+        .1;
+    assert_eq!(opts.strict_tools, vec!["a".to_string()]);
+}

@@ -108,6 +108,10 @@ fn create(body: &[u8]) -> Action {
     let resolve = |id: &str| load(id).map(|s| s.conversation);
     match request::parse(body, &resolve, false).and_then(|(generation, opts)| {
         constrain(opts.constraint.as_ref())?;
+        let strict = request::strict_tool_names(body);
+        if !strict.is_empty() {
+            structured_output::strict_tools(&strict);
+        }
         Ok((generation, opts))
     }) {
         Ok((generation, opts)) => {
