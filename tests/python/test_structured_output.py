@@ -273,3 +273,39 @@ def test_strict_tool_calls_give_arguments_that_validate(qwen):
             except (AssertionError, json.JSONDecodeError, KeyError) as e:
                 failures.append(f"{name}: {e}")
     assert not failures, "\n".join(failures)
+
+
+def test_a_grammar_failure_fails_its_row_only(tmp_path):
+    """A test-only constraint plugin traps in one row and reaches a dead end in another: those
+    two requests fail naming the plugin, while a constrained row sharing the batch (and the
+    plugin's per-model instance, rebuilt after the trap with its session replayed) and a free
+    row finish."""
+    import time
+
+    from conftest import plugin_folder
+
+    plugins = plugin_folder(tmp_path, "openai", "standard", "constraint-trap")
+    s = Server("--grammar-plugin", "constraint-trap", plugins=plugins)
+    try:
+        def complete(regex, delay, max_tokens):
+            time.sleep(delay)
+            body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0}
+            if regex:
+                body["guided_regex"] = regex
+            with s.http() as http:
+                return http.post("/v1/completions", json=body)
+
+        with ThreadPoolExecutor(4) as pool:
+            ok = pool.submit(complete, "ok", 0, 60)
+            free = pool.submit(complete, None, 0, 60)
+            trap = pool.submit(complete, "trap", 0.2, 10)
+            dead = pool.submit(complete, "dead", 0.2, 10)
+            ok, free, trap, dead = ok.result(), free.result(), trap.result(), dead.result()
+        assert ok.status_code == 200, ok.text
+        assert free.status_code == 200, free.text
+        assert trap.status_code == 500 and "constraint-trap" in trap.text, trap.text
+        assert "trapped" in trap.json()["error"]["message"], trap.text
+        assert dead.status_code == 500 and "dead end" in dead.text, dead.text
+        assert "rebuilt after a trap" in s.text()
+    finally:
+        s.stop()

@@ -130,6 +130,13 @@ impl SharedConstraint {
                 .map_err(|e| failed(&self.name, trap_cause(&e)))?
                 .map_err(|e| failed(&self.name, format!("building its engine: {}", e.message)))?;
             self.generation += 1;
+            if self.generation > 1 {
+                tracing::warn!(
+                    plugin = %self.name,
+                    sessions = self.sessions.len(),
+                    "constraint plugin instance rebuilt after a trap; its other sessions are replayed"
+                );
+            }
             self.live = Some(Live {
                 store,
                 bindings,
