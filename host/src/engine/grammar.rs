@@ -46,7 +46,9 @@ impl<C: TokenChain> TokenChain for GrammarConstraint<C> {
     ) -> Result<StepOutput, PluginError> {
         let started = Instant::now();
         let words = self.session.mask();
-        self.spent += started.elapsed();
+        let took = started.elapsed();
+        self.spent += took;
+        crate::plugin::timing::record(self.session.plugin(), took);
         let logits = token_mask::apply(&logits, &words?).map_err(|e| PluginError::Failed {
             plugin: self.session.plugin().to_string(),
             cause: format!("applying its token mask: {e}"),
@@ -62,7 +64,9 @@ impl<C: TokenChain> TokenChain for GrammarConstraint<C> {
     ) -> Result<(), PluginError> {
         let started = Instant::now();
         let accepted = self.session.accept(token);
-        self.spent += started.elapsed();
+        let took = started.elapsed();
+        self.spent += took;
+        crate::plugin::timing::record(self.session.plugin(), took);
         accepted?;
         self.inner.accept(token, raw_logprob, sampled_logprob)
     }

@@ -144,9 +144,15 @@ impl SharedConstraint {
                 generation: self.generation,
             });
         }
-        self.live
+        let ticks = self.stores.call_ticks;
+        let live = self
+            .live
             .as_mut()
-            .ok_or_else(|| failed(&self.name, "no live instance"))
+            .ok_or_else(|| failed(&self.name, "no live instance"))?;
+        // Epoch deadlines count from when they are set: every call gets its
+        // own (the engine build's long one must not carry over).
+        live.store.set_epoch_deadline(ticks);
+        Ok(live)
     }
 
     /// A trap: the instance is dropped (every session is replayed into the
@@ -173,8 +179,9 @@ impl SharedConstraint {
         }
         let (grammar, extra, accepted) =
             (log.grammar.clone(), log.extra.clone(), log.accepted.clone());
+        let ticks = self.stores.call_ticks;
         let live = self.live()?;
-        let replayed = replay(live, &grammar, &extra, &accepted);
+        let replayed = replay(live, &grammar, &extra, &accepted, ticks);
         let h = match replayed {
             Ok(Ok(h)) => h,
             Ok(Err(message)) => return Ok(Err(message)),
@@ -205,6 +212,7 @@ fn replay(
     grammar: &Grammar,
     extra: &str,
     accepted: &[u32],
+    call_ticks: u64,
 ) -> wasmtime::Result<Result<ResourceAny, String>> {
     let api = live.bindings.mlxhost_plugin0_3_0_constraint();
     let h = match api
@@ -215,6 +223,7 @@ fn replay(
         Err(e) => return Ok(Err(e.message)),
     };
     for &t in accepted {
+        live.store.set_epoch_deadline(call_ticks);
         if let Err(e) = api.session().call_accept(&mut live.store, h, t)? {
             return Ok(Err(format!("replaying its tokens: {}", e.message)));
         }
