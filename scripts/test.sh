@@ -22,9 +22,10 @@ cargo build --workspace -q
 # The guest crates' own unit tests, natively (stable cargo ignores the guest workspace's
 # build-std settings once a host target is given).
 HOST_TARGET=$(rustc -vV | sed -n 's/^host: //p')
-for crate in plugins/tool-parsers plugins/openai plugins/anthropic plugins/responses; do
+for crate in plugins/tool-parsers plugins/openai plugins/anthropic plugins/responses plugins/grammar; do
   (cd "$crate" && cargo test -q --target "$HOST_TARGET")
 done
+(cd plugins/sdk && cargo test -q --target "$HOST_TARGET" --features json)
 if ! command -v cargo-nextest >/dev/null; then
   cargo install --locked cargo-nextest
 fi
