@@ -6,6 +6,8 @@ use std::process::{Command, Output};
 
 use serde::Deserialize;
 
+pub mod sliding_cache;
+
 /// One case of `fixtures/smollm2-greedy.json` (mlx-lm reference outputs).
 #[derive(Debug, Clone, Deserialize)]
 pub struct ReferenceCase {

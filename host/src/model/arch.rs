@@ -137,3 +137,29 @@ impl CausalLm for super::gemma4::Gemma4 {
         super::gemma4::Gemma4::parameters(self)
     }
 }
+
+impl CausalLm for super::gpt_oss::GptOss {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn forward(&self, rows: &mut [RowInput<'_>]) -> Result<Vec<Array>> {
+        super::gpt_oss::GptOss::forward_ids(self, rows, None)
+    }
+
+    fn forward_device_ids(&self, rows: &mut [RowInput<'_>], ids: &Array) -> Result<Vec<Array>> {
+        super::gpt_oss::GptOss::forward_ids(self, rows, Some(ids))
+    }
+
+    fn new_cache(&self) -> KvCache {
+        super::gpt_oss::GptOss::new_cache(self)
+    }
+
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    fn parameters(&self) -> Vec<&Array> {
+        super::gpt_oss::GptOss::parameters(self)
+    }
+}

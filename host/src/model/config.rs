@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 pub use super::gemma4::config::{is_gemma4, Gemma4Config};
+pub use super::gpt_oss::config::is_gpt_oss;
 
 /// Per-tensor affine quantization: `bits` per weight, one f16 scale and bias
 /// per `group_size` consecutive weights along the input dimension (MLX's
@@ -28,6 +29,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "gemma3",
     "gemma4_text",
     "gemma4",
+    "gpt_oss",
 ];
 
 /// Whether `model_type` names Gemma 3's text decoder (mlx-lm's
@@ -37,9 +39,9 @@ pub fn is_gemma3(model_type: &str) -> bool {
 }
 
 /// Hyper-parameters of a decoder (the fields mlx-lm's `models/llama.py`,
-/// `qwen2.py`, `qwen3.py`, `qwen3_moe.py`, `gemma3_text.py` and
-/// `gemma4_text.py` `ModelArgs` read; a Gemma 4 `config.json` is flattened
-/// first by [`normalize_json`]).
+/// `qwen2.py`, `qwen3.py`, `qwen3_moe.py`, `gemma3_text.py`,
+/// `gemma4_text.py` and `gpt_oss.py` `ModelArgs` read; Gemma 4's and
+/// gpt-oss's `config.json` are normalized first by [`normalize_json`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
     /// Architecture: one of [`SUPPORTED_MODEL_TYPES`].
@@ -80,8 +82,9 @@ pub struct ModelConfig {
     /// Dtype the checkpoint's unquantized tensors are stored in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub torch_dtype: Option<String>,
-    /// RoPE scaling (`llama3`, `linear`, `yarn`, ...); only absent/`default`
-    /// is implemented, others are rejected by [`ModelConfig::validate`].
+    /// RoPE scaling (`llama3`, `linear`, `yarn`, ...); absent/`default`
+    /// everywhere and `yarn` for gpt-oss ([`super::yarn`]) are implemented,
+    /// others are rejected by [`ModelConfig::validate`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_scaling: Option<serde_json::Value>,
     /// MLX quantization: defaults plus per-module overrides keyed by module
@@ -110,6 +113,10 @@ pub struct ModelConfig {
     /// the global layers').
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_local_base_freq: Option<f32>,
+    /// Each layer's `sliding_attention` or `full_attention` (Gemma 4,
+    /// gpt-oss).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_types: Option<Vec<String>>,
     /// Mixture-of-experts MLPs (Qwen3-MoE); all absent for dense models.
     #[serde(flatten)]
     pub moe: MoeConfig,
@@ -121,9 +128,11 @@ pub struct ModelConfig {
 
 /// A `config.json` as [`ModelConfig`] reads it: Gemma 4's nested or
 /// partial configs flattened with mlx-lm's defaults
-/// ([`super::gemma4::config::normalize`]); others unchanged.
+/// ([`super::gemma4::config::normalize`]), gpt-oss's with mlx-lm's
+/// defaults and its expert fields in [`MoeConfig`] spelling
+/// ([`super::gpt_oss::config::normalize`]); others unchanged.
 pub fn normalize_json(raw: serde_json::Value) -> serde_json::Value {
-    super::gemma4::config::normalize(raw)
+    super::gpt_oss::config::normalize(super::gemma4::config::normalize(raw))
 }
 
 /// The mixture-of-experts fields of `config.json` (Qwen3-MoE: mlx-lm's
@@ -257,16 +266,25 @@ impl ModelConfig {
                 .or_else(|| scaling.get("type"))
                 .and_then(|v| v.as_str())
                 .unwrap_or("?");
-            if kind != "default" {
-                return Err(format!(
-                    "`rope_scaling` of type `{kind}` is not supported yet"
-                ));
+            match kind {
+                "default" => {}
+                "yarn" if is_gpt_oss(&self.model_type) => {
+                    super::yarn::YarnParams::from_scaling(scaling)?;
+                }
+                _ => {
+                    return Err(format!(
+                        "`rope_scaling` of type `{kind}` is not supported yet"
+                    ))
+                }
             }
         }
         // Before the expert fields: Gemma 4's MoE names its top-k
         // `top_k_experts`, so `MoeConfig` would blame the wrong field.
         if is_gemma4(&self.model_type) {
             self.gemma4.validate(self)?;
+        }
+        if is_gpt_oss(&self.model_type) {
+            super::gpt_oss::config::validate(self)?;
         }
         if self.model_type == "qwen3_moe" && self.moe.num_experts.unwrap_or(0) == 0 {
             return Err("`num_experts` must be positive for `qwen3_moe`".into());

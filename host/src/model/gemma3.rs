@@ -174,6 +174,7 @@ impl Gemma3 {
             lens,
             (nh, nkv, d),
             scale,
+            None,
         )
     }
 

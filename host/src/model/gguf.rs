@@ -261,6 +261,7 @@ impl Gguf {
             },
             sliding_window_pattern: gemma3.then_some(6),
             rope_local_base_freq: gemma3.then_some(10_000.0),
+            layer_types: None,
             moe: Default::default(),
             gemma4: Default::default(),
         };

@@ -20,13 +20,16 @@ pub mod gemma3;
 pub mod gemma4;
 pub mod gguf;
 pub mod gguf_file;
+pub mod gpt_oss;
 pub mod linear;
 pub mod llama;
 pub mod moe;
+pub mod mxfp4;
 pub mod prefill_attention;
 pub mod ragged;
 pub mod tokenizer;
 pub mod weights;
+pub mod yarn;
 
 use std::path::{Path, PathBuf};
 

@@ -1,8 +1,9 @@
 //! The parts of a ragged-batch forward pass every architecture shares:
 //! packing the rows' new tokens into one activation, splitting a packed
 //! per-token tensor back into one row's heads, one row's attention over its
-//! own cache (full or sliding-window), and running the output head over
-//! only the positions whose logits were asked for.
+//! own cache (full or sliding-window, optionally with gpt-oss's attention
+//! sinks), and running the output head over only the positions whose
+//! logits were asked for.
 
 use mlx_rs::{
     fast::{self, ScaledDotProductAttentionMask},
@@ -176,12 +177,15 @@ pub fn attend_row(
     cache: &mut KvCache,
     scale: f32,
 ) -> Result<Array> {
-    attend_row_kv(l, kind, q, Some((k, v)), cache, scale)
+    attend_row_kv(l, kind, q, Some((k, v)), cache, scale, None)
 }
 
 /// [`attend_row`] with `kv: None`: the queries attend over what cache
 /// layer `l` holds after an earlier layer of this forward wrote this
 /// step's positions to it ([`KvCache::written`]; Gemma 4's KV sharing).
+/// `sinks` (`[n_heads]`, in the activation dtype): gpt-oss's learned
+/// per-head logit that joins every softmax and attends to nothing (MLX's
+/// SDPA `sinks`).
 pub fn attend_row_kv(
     l: usize,
     kind: LayerKind,
@@ -189,6 +193,7 @@ pub fn attend_row_kv(
     kv: Option<(&Array, &Array)>,
     cache: &mut KvCache,
     scale: f32,
+    sinks: Option<&Array>,
 ) -> Result<Array> {
     let (heads, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
     let offset = cache.offset();
@@ -196,12 +201,14 @@ pub fn attend_row_kv(
         Some((k, v)) => cache.update(l, k, v)?,
         None => cache.written(l, t as usize)?,
     };
-    if kind == LayerKind::Full && t > 1 && super::prefill_attention::applies(q, &keys) {
-        // A prefill chunk on the CPU: the tiled op, already token-major.
+    let tiled = sinks.is_none() && super::prefill_attention::applies(q, &keys);
+    if kind == LayerKind::Full && t > 1 && tiled {
+        // A prefill chunk on the CPU: the tiled op, already token-major
+        // (it has no sinks: those take MLX's SDPA).
         return super::prefill_attention::prefill_attention(q, &keys, &values, offset, scale);
     }
     let held_from = cache.layer_start(l);
-    let o = attention_over(kind, q, &keys, &values, offset, held_from, scale)?;
+    let o = attention_over(kind, q, &keys, &values, offset, held_from, scale, sinks)?;
     // SDPA gives `[1, heads, T, D]` (one query: `[1, heads, 1, D]`, already
     // in token-major order).
     let o = if t == 1 {
@@ -214,8 +221,8 @@ pub fn attend_row_kv(
 
 /// Every row's attention at layer `l` (`q: [N, n_heads, 1, D]` packed, `kv`
 /// `[N, n_kv, 1, D]` each, or `None` to read cache layer `l` as
-/// [`attend_row_kv`] does) -> `[N, n_heads * D]`, each row over its own
-/// cache.
+/// [`attend_row_kv`] does; `sinks` as there) -> `[N, n_heads * D]`, each
+/// row over its own cache.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_rows(
     l: usize,
@@ -226,6 +233,7 @@ pub fn attend_rows(
     lens: &[usize],
     (nh, nkv, d): (i32, i32, i32),
     scale: f32,
+    sinks: Option<&Array>,
 ) -> Result<Array> {
     let mut outs = Vec::with_capacity(rows.len());
     let mut start = 0i32;
@@ -245,6 +253,7 @@ pub fn attend_rows(
                 row_kv,
                 row.cache,
                 scale,
+                sinks,
             )?);
         }
         start += t;
@@ -257,8 +266,10 @@ pub fn attend_rows(
 
 /// SDPA of `q: [1, n_heads, T, D]` (positions `offset..offset + T`) over
 /// `keys`/`values` holding positions `held_from..offset + T`: causal, and
-/// for a sliding-window layer only each query's last `window` positions.
-/// Returns `[1, n_heads, T, D]`.
+/// for a sliding-window layer only each query's last `window` positions;
+/// with `sinks`, each head's sink logit in every softmax. Returns
+/// `[1, n_heads, T, D]`.
+#[allow(clippy::too_many_arguments)]
 fn attention_over(
     kind: LayerKind,
     q: &Array,
@@ -267,6 +278,7 @@ fn attention_over(
     offset: usize,
     held_from: usize,
     scale: f32,
+    sinks: Option<&Array>,
 ) -> Result<Array> {
     let t = q.shape()[2] as usize;
     let window = match kind {
@@ -274,7 +286,7 @@ fn attention_over(
         LayerKind::Full => {
             let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
             return Ok(fast::scaled_dot_product_attention(
-                q, keys, values, scale, mask, None,
+                q, keys, values, scale, mask, sinks,
             )?);
         }
     };
@@ -286,7 +298,7 @@ fn attention_over(
     let values = values.index((.., .., skip.., ..));
     let o = if t == 1 {
         // One query: every key from `from` is inside its window.
-        fast::scaled_dot_product_attention(q, &keys, &values, scale, None, None)?
+        fast::scaled_dot_product_attention(q, &keys, &values, scale, None, sinks)?
     } else if end - 1 - from < window {
         // The last query still sees the first key: plain causal.
         fast::scaled_dot_product_attention(
@@ -295,7 +307,7 @@ fn attention_over(
             &values,
             scale,
             ScaledDotProductAttentionMask::Causal,
-            None,
+            sinks,
         )?
     } else {
         let mask = window_mask(offset, t, from, end, window)?;
@@ -305,7 +317,7 @@ fn attention_over(
             &values,
             scale,
             ScaledDotProductAttentionMask::Array(&mask),
-            None,
+            sinks,
         )?
     };
     Ok(o)
@@ -349,7 +361,7 @@ mod tests {
                     normal(&[1, 2, t, 16], seed + 2),
                 );
                 let source = attend_row(0, kind, &q, &k, &v, &mut cache, 0.25)?;
-                let shared = attend_row_kv(0, kind, &q, None, &mut cache, 0.25)?;
+                let shared = attend_row_kv(0, kind, &q, None, &mut cache, 0.25, None)?;
                 cache.advance(t as usize);
                 let diff = ops::abs(ops::subtract(&source, &shared)?)?.max(None)?;
                 assert_eq!(diff.item_exact::<f32>(), 0.0, "{kind:?} step {step}");

@@ -1,6 +1,7 @@
 //! Tensor maps in Hugging Face / MLX naming, from GGUF or safetensors, and
 //! assembly of a model ([`Llama`], including Qwen3-MoE's sparse layers,
-//! [`Gemma3`] and [`super::gemma4::Gemma4`]) from them.
+//! [`Gemma3`], [`super::gemma4::Gemma4`] and [`super::gpt_oss::GptOss`])
+//! from them.
 //!
 //! GGUF tensor names (ggml's `gguf-py/gguf/tensor_mapping.py`) are renamed to
 //! mlx-lm's (`model.layers.N.self_attn.q_proj`, ...). llama.cpp's converter
@@ -18,7 +19,7 @@ use super::error::{ModelError, Result};
 use super::gemma3::{Gemma3, Gemma3Layer};
 use super::linear::{Embedding, Linear};
 use super::llama::{DenseMlp, Layer, Llama, Mlp, Projections};
-use super::moe::{SparseMoe, SwitchLinear};
+use super::moe::{GateActivation, Routing, SparseMoe, SwitchLinear};
 use crate::cache::slab::DecodeSlab;
 use crate::cache::LayerKind;
 
@@ -250,15 +251,17 @@ impl<'a> Loader<'a> {
             gate_proj: switch("gate_proj", h, i)?,
             up_proj: switch("up_proj", h, i)?,
             down_proj: switch("down_proj", i, h)?,
+            router_bias: None,
             top_k: c.moe.num_experts_per_tok.unwrap_or(1) as i32,
-            norm_topk_prob: c.moe.norm_topk_prob.unwrap_or(false),
+            routing: Routing::SoftmaxTopK {
+                norm_topk_prob: c.moe.norm_topk_prob.unwrap_or(false),
+            },
+            activation: GateActivation::Silu,
         }))
     }
 
     /// Projection `proj` of every expert of the MLP at `mlp`, in the compute
-    /// path's layout. Quantized experts stay quantized on the quantized
-    /// path too (MLX's `gather_qmm` reads only the chosen experts; our CPU
-    /// kernels compute plain linears only).
+    /// path's layout (see [`Loader::experts`]).
     fn switch_linear(
         &self,
         mlp: &str,
@@ -267,7 +270,21 @@ impl<'a> Loader<'a> {
         in_dim: usize,
         out_dim: usize,
     ) -> Result<SwitchLinear> {
-        let sw = SwitchLinear::load(self.tensors, mlp, proj, experts, in_dim, out_dim)?;
+        self.experts(SwitchLinear::load(
+            self.tensors,
+            mlp,
+            proj,
+            experts,
+            in_dim,
+            out_dim,
+        )?)
+    }
+
+    /// Stacked experts in the compute path's layout. Quantized experts
+    /// (affine or `mxfp4`) stay quantized on the quantized path too (MLX's
+    /// `gather_qmm` reads only the chosen experts; our CPU kernels compute
+    /// plain linears only).
+    pub(super) fn experts(&self, sw: SwitchLinear) -> Result<SwitchLinear> {
         match self.compute {
             ComputeDtype::Float32 => sw.to_dense(Dtype::Float32),
             ComputeDtype::Native => sw.cast(self.act, self.qdtype),
@@ -296,6 +313,10 @@ pub fn build_model(
         Ok(Box::new(build_gemma3(config, tensors, compute)?))
     } else if super::config::is_gemma4(&config.model_type) {
         Ok(Box::new(super::gemma4::build_gemma4(
+            config, tensors, compute,
+        )?))
+    } else if super::config::is_gpt_oss(&config.model_type) {
+        Ok(Box::new(super::gpt_oss::build_gpt_oss(
             config, tensors, compute,
         )?))
     } else {
@@ -501,9 +522,30 @@ fn load_linear(tensors: &TensorMap, prefix: &str, in_dim: usize, out_dim: usize)
             weight_t: weight.t().contiguous()?,
         });
     };
-    let biases = get(tensors, &format!("{prefix}.biases"))?.clone();
+    let biases_name = format!("{prefix}.biases");
     let groups = scales.shape().get(1).copied().unwrap_or(0) as usize;
     let packed = shape[1] as usize;
+    if super::mxfp4::is_mxfp4(scales, tensors.get(&biases_name)) {
+        // MLX's `mxfp4` (gpt-oss's format, and what `mlx_lm.convert
+        // --q-mode mxfp4` writes for every linear): our linear kernels are
+        // affine-only, so a plain linear is dequantized here (exact in
+        // float32); stacked experts keep it (`moe::ExpertWeights::Mxfp4`).
+        let (group, bits) = (
+            super::mxfp4::GROUP_SIZE as usize,
+            super::mxfp4::BITS as usize,
+        );
+        if groups * group != in_dim || packed * 32 / bits != in_dim {
+            return Err(bad(format!(
+                "uint8 scales without biases are mxfp4 (4 bits, groups of 32), but packed \
+                 width {packed} and {groups} groups do not fit input width {in_dim}"
+            )));
+        }
+        let dense = super::mxfp4::dequantize(&weight, scales, Dtype::Float32)?;
+        return Ok(Linear::Dense {
+            weight_t: dense.t().contiguous()?,
+        });
+    }
+    let biases = get(tensors, &biases_name)?.clone();
     if groups == 0 || !in_dim.is_multiple_of(groups) || !(packed * 32).is_multiple_of(in_dim) {
         return Err(bad(format!(
             "cannot infer quantization: packed width {packed}, {groups} groups, input width {in_dim}"

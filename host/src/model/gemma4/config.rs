@@ -43,9 +43,6 @@ pub struct Gemma4Config {
     /// Rows of `embed_tokens_per_layer`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vocab_size_per_layer_input: Option<usize>,
-    /// Each layer's `sliding_attention` or `full_attention`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub layer_types: Option<Vec<String>>,
     /// RoPE per layer type: `{"full_attention": {"rope_type":
     /// "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
     /// "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}`.
@@ -198,7 +195,7 @@ impl Gemma4Config {
     /// Each layer's type: `layer_types`, or mlx-lm's default of every
     /// `sliding_window_pattern`-th layer full (pattern 5).
     fn layer_is_full(&self, c: &ModelConfig) -> Vec<bool> {
-        match &self.layer_types {
+        match &c.layer_types {
             Some(types) => types.iter().map(|t| t == "full_attention").collect(),
             None => {
                 let pattern = c.sliding_window_pattern.unwrap_or(5).max(1);
@@ -341,7 +338,7 @@ impl Gemma4Config {
         if self.rope_traditional == Some(true) {
             return Err("`rope_traditional: true` is not supported for Gemma 4".into());
         }
-        if let Some(types) = &self.layer_types {
+        if let Some(types) = &c.layer_types {
             if types.len() != c.num_hidden_layers {
                 return Err(format!(
                     "`layer_types` has {} entries for {} layers",

@@ -227,6 +227,7 @@ impl Gemma4 {
             lens,
             (nh, nkv, d),
             1.0,
+            None,
         )
     }
 

@@ -1,0 +1,254 @@
+"""Makes tests/fixtures/models/gpt-oss-tiny/ and gpt-oss-tiny-mxfp4/: a gpt-oss model
+(`model_type: gpt_oss`, the architecture of gpt-oss-20b and gpt-oss-120b) on small random
+weights, built by mlx-lm 0.32.2 itself (`mlx_lm.models.gpt_oss.Model`), with mlx-lm's
+teacher-forced top-5 logprobs for a few rows (`mlx-lm-scores.jsonl`, `mlxhost score`'s format),
+so the test suite checks our `gpt_oss` graph against mlx-lm without mlx-lm installed.
+
+The config is gpt-oss-20b's `config.json` with every size shrunk (hidden 32, 4 layers, 4 query
+heads and 2 KV heads of width 16, 8 experts of width 32 with 4 per token, vocabulary 256) and
+every structural feature kept:
+- alternating sliding-window and full layers from an explicit `layer_types` list (sliding,
+  full, twice), with a 16-token window (the real one is 128) that the 58-token row crosses,
+  and a 306-token row that crosses it plus mlxhost's 256-position rollback margin;
+- attention sinks (one learned logit per query head in every softmax), here normal with std
+  1.5 so they take a real share of the attention (the script prints how far the logprobs move
+  without them);
+- q/k/v/o biases; YaRN RoPE with the real `rope_scaling` (factor 32, beta_fast 32, beta_slow
+  1, original context 4096) and theta 150000, which at head width 16 blends interpolated and
+  extrapolated pairs (correction range 2..5 of 8) and scales q and k by YaRN's mscale;
+- the router with its bias, top-4 of the raw logits, then softmax over those 4;
+- the experts' SwiGLU variant (`swiglu_oai`: gate clipped above at 7, the linear part clipped
+  to [-7, 7] and shifted by 1, `gate * sigmoid(1.702 gate)`), with per-expert biases; the gate
+  and up weights are wide enough (std 0.6) that the clipping bites (the script prints the
+  share of clipped values).
+
+- `gpt-oss-tiny`: float32 weights (~0.57 MB); scores from mlx-lm in float32.
+- `gpt-oss-tiny-mxfp4`: the same model quantized by mlx-lm's own `quantize_model`: the experts
+  in MLX's `mxfp4` mode (4-bit E2M1 values, one E8M0 scale per 32, no biases: how gpt-oss
+  ships them), the attention projections in `mxfp4` too (what `mlx_lm.convert --q-mode mxfp4`
+  writes), the embedding, output head and router 8-bit affine with group 32 (float32 scales;
+  mlx-lm's `quant_predicate` asks group 64 for the router, which a 32-wide input cannot take),
+  as per-module `quantization` entries; scores from that quantized model, reloaded with
+  `mlx_lm.utils.load_model` first, so the directory is what mlx-lm loads.
+
+The tokenizer is byte-level with no merges (token i is byte i), so the server can run the model
+on any text; only ids are scored.
+
+Run (the mlx-lm venv of benches/side_by_side.sh):
+  $VENV/bin/python benches/make_gpt_oss_tiny.py tests/fixtures/models
+"""
+import json
+import os
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_map
+from mlx_lm.models import activations, gpt_oss
+from mlx_lm.utils import load_model, quantize_model, save_model
+
+# mlx-lm 0.32.2's QuantizedSwitchLinear passes `global_scale=None` to `mx.gather_qmm`, a keyword
+# MLX 0.32.2 (the version mlxhost links) does not have yet. `None` means "no global scale",
+# which is what 0.32.2's op computes, so drop the keyword (as make_qwen3_moe_tiny.py does).
+_gather_qmm = mx.gather_qmm
+
+
+def _gather_qmm_compat(*args, global_scale=None, **kwargs):
+    if global_scale is not None:
+        raise ValueError("global_scale needs a newer MLX")
+    return _gather_qmm(*args, **kwargs)
+
+
+mx.gather_qmm = _gather_qmm_compat
+
+# Shares of the experts' gate and linear inputs that swiglu_oai clips, while scoring.
+clipped = []
+_swiglu_oai = activations.swiglu_oai
+
+
+def _swiglu_oai_recording(gate, x, alpha=1.702, limit=7.0):
+    clipped.append(((mx.sum(gate > limit) + mx.sum(mx.abs(x) > limit)) / (2 * gate.size)).item())
+    return _swiglu_oai(gate, x, alpha=alpha, limit=limit)
+
+
+activations.swiglu_oai = _swiglu_oai_recording
+
+# The smallest gap between a token's 4th- and 5th-largest router logit while scoring (how far
+# its top-4 choice is from a tie).
+router_gaps = []
+_moe_call = gpt_oss.MLPBlock.__call__
+
+
+def _moe_call_recording(self, x):
+    top = mx.sort(self.router(x), axis=-1)
+    router_gaps.append(mx.min(top[..., -4] - top[..., -5]).item())
+    return _moe_call(self, x)
+
+
+gpt_oss.MLPBlock.__call__ = _moe_call_recording
+
+root = sys.argv[1]
+mx.random.seed(5)
+config = {
+    "model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
+    "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 32,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "num_local_experts": 8, "num_experts_per_tok": 4, "experts_per_token": 4,
+    "vocab_size": 256, "rms_norm_eps": 1e-5, "sliding_window": 16,
+    "layer_types": ["sliding_attention", "full_attention"] * 2,
+    "rope_theta": 150000,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                     "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                     "truncate": False},
+    "initial_context_length": 4096, "max_position_embeddings": 131072,
+    "attention_bias": True, "swiglu_limit": 7.0, "hidden_act": "silu",
+    "tie_word_embeddings": False, "eos_token_id": 1, "pad_token_id": 0,
+    "torch_dtype": "float32",
+}
+model = gpt_oss.Model(gpt_oss.ModelArgs.from_dict(config))
+params = tree_map(lambda p: mx.random.normal(p.shape) * 0.3, model.parameters())
+params = dict(tree_flatten(params))
+for k in params:
+    if k.endswith("norm.weight"):
+        params[k] = 1.0 + params[k]
+    elif k.endswith("sinks"):
+        params[k] = params[k] * 5.0
+    elif "experts.gate_proj.weight" in k or "experts.up_proj.weight" in k:
+        params[k] = params[k] * 2.0
+model.load_weights(list(params.items()))
+mx.eval(model.parameters())
+
+rows = [
+    {"prompt_ids": [2, 5, 17, 200], "continuation_ids": [7, 7, 100, 255, 0]},
+    {"prompt_ids": list(range(40, 90)), "continuation_ids": [3, 1, 4, 1, 5, 9, 2, 6]},
+    {"prompt_ids": [2], "continuation_ids": [2, 3]},
+    {"prompt_ids": [(i * 37 + 11) % 256 for i in range(300)],
+     "continuation_ids": [10, 20, 30, 40, 50, 60]},
+]
+
+
+def bytes_to_unicode():
+    """GPT-2's map from bytes to printable characters (`ByteLevel`'s alphabet)."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    out, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
+
+
+def write_common(out, cfg):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    # A byte-level tokenizer.json: token i is byte i (GPT-2's byte-to-character map), no
+    # merges, so any text encodes (the server's warm-up encodes English) and ids decode back.
+    byte_chars = bytes_to_unicode()
+    level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+             "use_regex": False}
+    tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+           "normalizer": None, "pre_tokenizer": level, "post_processor": None,
+           "decoder": level,
+           "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                     "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                     "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                     "vocab": {byte_chars[b]: b for b in range(256)}, "merges": []}}
+    with open(os.path.join(out, "tokenizer.json"), "w") as f:
+        json.dump(tok, f)
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": byte_chars[1]}, f)
+    with open(os.path.join(out, "rows.jsonl"), "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def row_logprobs(m, r):
+    ids = mx.array([r["prompt_ids"] + r["continuation_ids"]])
+    logits = m(ids)[0].astype(mx.float32)
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def write_scores(out, m):
+    """mlx-lm's teacher-forced logprobs of each row's continuation, with its top-5."""
+    smallest_margin = float("inf")
+    clipped.clear()
+    router_gaps.clear()
+    with open(os.path.join(out, "mlx-lm-scores.jsonl"), "w") as f:
+        for r in rows:
+            lp = row_logprobs(m, r)
+            steps = []
+            for i, t in enumerate(r["continuation_ids"]):
+                row = lp[len(r["prompt_ids"]) - 1 + i]
+                top = mx.argsort(-row)[:5].tolist()
+                smallest_margin = min(smallest_margin, row[top[0]].item() - row[top[1]].item())
+                steps.append({"token": t, "logprob": row[t].item(),
+                              "top": [[k, row[k].item()] for k in top]})
+            f.write(json.dumps({"steps": steps}) + "\n")
+    print(f"{out}: smallest top-2 margin {smallest_margin:.4f} nats; "
+          f"swiglu_oai clipped {100 * sum(clipped) / len(clipped):.1f}% of its inputs; "
+          f"smallest 4th-5th router logit gap {min(router_gaps):.4f}")
+
+
+def decode_gap(m):
+    """How far mlx-lm's own cached path (the long row's prompt prefilled, then one token per
+    step through its RotatingKVCache) is from its one-pass scores: the two must agree for the
+    one-pass scores to be the reference for ours."""
+    r = rows[-1]
+    ids = r["prompt_ids"] + r["continuation_ids"]
+    whole = row_logprobs(m, r)
+    cache = m.make_cache()
+    n = len(r["prompt_ids"])
+    out = [m(mx.array([ids[:n]]), cache=cache)[0, -1]]
+    for t in ids[n:-1]:
+        out.append(m(mx.array([[t]]), cache=cache)[0, -1])
+    stepped = mx.stack(out).astype(mx.float32)
+    stepped = stepped - mx.logsumexp(stepped, axis=-1, keepdims=True)
+    gap = mx.max(mx.abs(stepped - whole[n - 1:-1])).item()
+    print(f"mlx-lm cached decode vs one pass (long row): {gap:.2e} nats")
+
+
+def sink_effect(m):
+    """How far the logprobs move with the sinks zeroed: the sinks must matter for the test to
+    check them."""
+    with_sinks = [row_logprobs(m, r) for r in rows]
+    saved = [layer.self_attn.sinks for layer in m.layers]
+    for layer in m.layers:
+        layer.self_attn.sinks = mx.zeros_like(layer.self_attn.sinks)
+    gap = max(mx.max(mx.abs(a - row_logprobs(m, r))).item() for a, r in zip(with_sinks, rows))
+    for layer, s in zip(m.layers, saved):
+        layer.self_attn.sinks = s
+    print(f"without the sinks the logprobs move by up to {gap:.2f} nats")
+
+
+dense_dir = os.path.join(root, "gpt-oss-tiny")
+write_common(dense_dir, config)
+mx.save_safetensors(os.path.join(dense_dir, "model.safetensors"), params,
+                    metadata={"format": "mlx"})
+write_scores(dense_dir, model)
+decode_gap(model)
+sink_effect(model)
+
+
+def mxfp4_predicate(path, module):
+    if path.endswith("mlp.experts.gate_proj") or path.endswith("mlp.experts.up_proj") \
+            or path.endswith("mlp.experts.down_proj") or ".self_attn." in path:
+        return {"group_size": 32, "bits": 4, "mode": "mxfp4"}
+    return {"group_size": 32, "bits": 8, "mode": "affine"}
+
+
+quant_dir = os.path.join(root, "gpt-oss-tiny-mxfp4")
+model, qconfig = quantize_model(model, config, group_size=32, bits=8,
+                                quant_predicate=mxfp4_predicate)
+write_common(quant_dir, qconfig)
+save_model(quant_dir, model)
+for extra in ["model.safetensors.index.json"]:
+    path = os.path.join(quant_dir, extra)
+    if os.path.exists(path):
+        os.remove(path)
+reloaded = load_model(Path(quant_dir))[0]
+write_scores(quant_dir, reloaded)
+decode_gap(reloaded)

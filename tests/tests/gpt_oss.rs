@@ -1,0 +1,285 @@
+//! The gpt-oss graph (`gpt_oss`: attention sinks, alternating sliding and
+//! full layers, q/k/v/o biases, YaRN RoPE, a biased router's top-4 of 8
+//! experts softmaxed, biased experts through `swiglu_oai`, mxfp4 expert
+//! weights) against mlx-lm 0.32.2 on small random-weight models that
+//! mlx-lm built and saved itself (tests/fixtures/models/gpt-oss-tiny and
+//! gpt-oss-tiny-mxfp4, made by benches/make_gpt_oss_tiny.py, with mlx-lm's
+//! teacher-forced scores). Rows cross the 16-token window; one 300-token
+//! row crosses it and the sliding caches' rollback margin. The prompt
+//! cache over the same model is in `gpt_oss_cache.rs`.
+
+use std::collections::HashMap;
+
+use mlx_rs::{ops, Array};
+use mlxhost_e2e::*;
+
+/// Both sides compute in float32 on the same weights (the mxfp4 fixture's
+/// affine scales are float32, so every path runs float32 activations),
+/// measured within 2e-5 nats on every path; semantics.md's 0.05 would let
+/// a wrong sink, bias or clip pass.
+const TOL: f32 = 1e-4;
+
+fn fixture(name: &str) -> String {
+    format!("{}/fixtures/models/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn score(dir: &str, extra: &[&str]) -> Vec<mlxhost::score::ScoreOutput> {
+    let rows = format!("{}/rows.jsonl", fixture("gpt-oss-tiny"));
+    let mut args = vec!["score", "--model", dir, "--input", rows.as_str()];
+    args.extend(extra);
+    parse_score(&mlxhost_ok(&args))
+}
+
+fn reference(name: &str) -> Vec<mlxhost::score::ScoreOutput> {
+    let path = format!("{}/mlx-lm-scores.jsonl", fixture(name));
+    parse_score(&std::fs::read_to_string(path).expect("scores"))
+}
+
+/// Asserts every step of `ours` is within [`TOL`] of `theirs` (chosen
+/// token and shared top-5) and returns the largest chosen-token gap.
+fn assert_matches(
+    label: &str,
+    ours: &[mlxhost::score::ScoreOutput],
+    theirs: &[mlxhost::score::ScoreOutput],
+) -> f32 {
+    assert_eq!(ours.len(), theirs.len(), "{label}");
+    let mut worst = 0f32;
+    for (r, (o, t)) in ours.iter().zip(theirs).enumerate() {
+        assert_eq!(o.steps.len(), t.steps.len(), "{label}: row {r}");
+        for (s, (so, st)) in o.steps.iter().zip(&t.steps).enumerate() {
+            let gap = (so.logprob - st.logprob).abs();
+            worst = worst.max(gap);
+            assert!(
+                gap <= TOL,
+                "{label}: row {r} step {s}: {} vs {}",
+                so.logprob,
+                st.logprob
+            );
+            if let Err(e) = check_top(&so.top, &st.top, TOL) {
+                panic!("{label}: row {r} step {s}: {e}");
+            }
+        }
+    }
+    worst
+}
+
+#[test]
+fn gpt_oss_scores_match_mlx_lm() {
+    for name in ["gpt-oss-tiny", "gpt-oss-tiny-mxfp4"] {
+        let dir = fixture(name);
+        let theirs = reference(name);
+        for extra in [
+            &["--dtype", "float32"][..],
+            &["--dtype", "auto"],
+            &["--dtype", "native"],
+            &["--dtype", "float32", "--decode"],
+            &["--dtype", "auto", "--decode"],
+            // Prefill chunks that start inside the window and past it.
+            &["--dtype", "auto", "--prefill-chunk", "7"],
+        ] {
+            let label = format!("{name} {extra:?}");
+            let worst = assert_matches(&label, &score(&dir, extra), &theirs);
+            eprintln!("{label}: largest chosen-token gap {worst:.2e} nats");
+        }
+    }
+}
+
+/// Rows scored together (one forward per step: a row's prompt chunks beside
+/// other rows' decode tokens, their tokens routed to different experts in
+/// the same layers, each row's sliding layers over its own cache) equal
+/// each row scored alone.
+#[test]
+fn batched_rows_equal_rows_alone() {
+    for name in ["gpt-oss-tiny", "gpt-oss-tiny-mxfp4"] {
+        let dir = fixture(name);
+        let alone = score(&dir, &["--decode"]);
+        let batched = score(
+            &dir,
+            &["--decode", "--batch-size", "4", "--prefill-chunk", "7"],
+        );
+        assert_scores_close(&batched, &alone, 1e-4);
+        let prefilled_together = score(&dir, &["--batch-size", "4"]);
+        assert_scores_close(&prefilled_together, &alone, 1e-4);
+    }
+}
+
+/// A copy of a fixture's directory with its tensors and config edited.
+fn edited_copy(
+    name: &str,
+    edit_tensors: impl FnOnce(&mut HashMap<String, Array>),
+    edit_config: impl FnOnce(&mut serde_json::Value),
+) -> tempfile::TempDir {
+    let src = fixture(name);
+    let dir = tempfile::tempdir().expect("tempdir");
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(format!("{src}/{f}"), dir.path().join(f)).expect("copy");
+    }
+    let mut tensors =
+        Array::load_safetensors(format!("{src}/model.safetensors")).expect("load tensors");
+    edit_tensors(&mut tensors);
+    let meta = HashMap::from([("format".to_string(), "mlx".to_string())]);
+    Array::save_safetensors(
+        tensors.iter().map(|(k, v)| (k.as_str(), v)),
+        &meta,
+        dir.path().join("model.safetensors"),
+    )
+    .expect("save tensors");
+    let text = std::fs::read_to_string(format!("{src}/config.json")).expect("config");
+    let mut config: serde_json::Value = serde_json::from_str(&text).expect("config json");
+    edit_config(&mut config);
+    std::fs::write(dir.path().join("config.json"), config.to_string()).expect("write config");
+    dir
+}
+
+fn path(dir: &tempfile::TempDir) -> &str {
+    dir.path().to_str().expect("utf-8 path")
+}
+
+/// The sinks are read and used: zeroed, the scores move by whole nats
+/// (the fixture's sinks are large enough to matter, as trained ones are).
+#[test]
+fn the_attention_sinks_change_the_scores() {
+    let dir = edited_copy(
+        "gpt-oss-tiny",
+        |t| {
+            let names: Vec<String> = t
+                .keys()
+                .filter(|k| k.ends_with(".sinks"))
+                .cloned()
+                .collect();
+            assert_eq!(names.len(), 4);
+            for name in names {
+                let zeros = ops::zeros_like(&t[&name]).expect("zeros");
+                t.insert(name, zeros);
+            }
+        },
+        |_| {},
+    );
+    let without = score(path(&dir), &["--dtype", "float32"]);
+    let with = reference("gpt-oss-tiny");
+    let moved = with
+        .iter()
+        .zip(&without)
+        .flat_map(|(a, b)| a.steps.iter().zip(&b.steps))
+        .map(|(a, b)| (a.logprob - b.logprob).abs())
+        .fold(0f32, f32::max);
+    assert!(moved > 1.0, "zeroing the sinks moved the scores by {moved}");
+}
+
+fn load_error(dir: &tempfile::TempDir) -> String {
+    let rows = format!("{}/rows.jsonl", fixture("gpt-oss-tiny"));
+    let out = mlxhost(&["score", "--model", path(dir), "--input", &rows]);
+    // An error exit (1), never a panic or an abort.
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn missing_or_misshaped_tensors_are_named() {
+    for (name, tensor, edit) in [
+        ("gpt-oss-tiny", "model.layers.1.self_attn.sinks", "remove"),
+        ("gpt-oss-tiny", "model.layers.2.self_attn.sinks", "shorten"),
+        ("gpt-oss-tiny", "model.layers.0.mlp.router.bias", "remove"),
+        (
+            "gpt-oss-tiny",
+            "model.layers.3.self_attn.o_proj.bias",
+            "remove",
+        ),
+        (
+            "gpt-oss-tiny",
+            "model.layers.3.mlp.experts.down_proj.bias",
+            "remove",
+        ),
+        (
+            "gpt-oss-tiny",
+            "model.layers.1.mlp.experts.up_proj.weight",
+            "shorten",
+        ),
+        (
+            "gpt-oss-tiny-mxfp4",
+            "model.layers.0.mlp.experts.gate_proj.scales",
+            "remove",
+        ),
+        (
+            "gpt-oss-tiny-mxfp4",
+            "model.layers.2.mlp.experts.down_proj.scales",
+            "shorten",
+        ),
+        (
+            "gpt-oss-tiny-mxfp4",
+            "model.layers.1.self_attn.q_proj.scales",
+            "shorten",
+        ),
+    ] {
+        let dir = edited_copy(
+            name,
+            |t| match edit {
+                "remove" => {
+                    t.remove(tensor).expect("the tensor exists");
+                }
+                _ => {
+                    // Drop the last entry of the last axis.
+                    let a = &t[tensor];
+                    let last = a.ndim() - 1;
+                    let keep = a.shape()[last] - 1;
+                    let idx = Array::from_slice(&(0..keep).collect::<Vec<i32>>(), &[keep]);
+                    let short = a.take_axis(&idx, last as i32).expect("take");
+                    t.insert(tensor.to_string(), short);
+                }
+            },
+            |_| {},
+        );
+        let err = load_error(&dir);
+        // Scales are checked against their weight, which the error names
+        // (without its scales, a packed weight reads as a dense one of the
+        // wrong width).
+        let named = tensor.replace(".scales", ".weight");
+        assert!(err.contains(&named), "{name}: {edit} {tensor}: {err}");
+    }
+}
+
+/// Hugging Face's original layout (experts' gate and up fused in
+/// `gate_up_proj`, mxfp4 `_blocks`) is refused with a pointer to
+/// `mlx_lm.convert`; a config whose expert count disagrees with the weights
+/// names the tensor.
+#[test]
+fn other_layouts_and_inconsistent_configs_are_refused_by_name() {
+    let fused = "model.layers.0.mlp.experts.gate_up_proj_blocks";
+    let dir = edited_copy(
+        "gpt-oss-tiny",
+        |t| {
+            let w = t["model.layers.0.mlp.experts.gate_proj.weight"].clone();
+            t.insert(fused.into(), w);
+        },
+        |_| {},
+    );
+    let err = load_error(&dir);
+    assert!(
+        err.contains(fused) && err.contains("mlx_lm.convert"),
+        "{err}"
+    );
+
+    let dir = edited_copy(
+        "gpt-oss-tiny",
+        |_| {},
+        |c| c["num_local_experts"] = 6.into(),
+    );
+    let err = load_error(&dir);
+    assert!(
+        err.contains("model.layers.0.mlp.router.weight") && err.contains("6 rows"),
+        "{err}"
+    );
+
+    let dir = edited_copy(
+        "gpt-oss-tiny",
+        |_| {},
+        |c| c["layer_types"] = serde_json::json!(["full_attention"]),
+    );
+    let err = load_error(&dir);
+    assert!(err.contains("layer_types"), "{err}");
+}
