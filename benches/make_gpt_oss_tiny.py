@@ -22,14 +22,16 @@ every structural feature kept:
   and up weights are wide enough (std 0.6) that the clipping bites (the script prints the
   share of clipped values).
 
-- `gpt-oss-tiny`: float32 weights (~0.57 MB); scores from mlx-lm in float32.
+- `gpt-oss-tiny`: float32 weights (~0.57 MB); scores from mlx-lm in float32, and its greedy
+  continuation of each row's prompt (12 tokens through its cached decode, with each step's
+  top-2 margin: `mlx-lm-greedy.jsonl`).
 - `gpt-oss-tiny-mxfp4`: the same model quantized by mlx-lm's own `quantize_model`: the experts
   in MLX's `mxfp4` mode (4-bit E2M1 values, one E8M0 scale per 32, no biases: how gpt-oss
   ships them), the attention projections in `mxfp4` too (what `mlx_lm.convert --q-mode mxfp4`
   writes), the embedding, output head and router 8-bit affine with group 32 (float32 scales;
   mlx-lm's `quant_predicate` asks group 64 for the router, which a 32-wide input cannot take),
-  as per-module `quantization` entries; scores from that quantized model, reloaded with
-  `mlx_lm.utils.load_model` first, so the directory is what mlx-lm loads.
+  as per-module `quantization` entries; scores and greedy continuations from that quantized
+  model, reloaded with `mlx_lm.utils.load_model` first, so the directory is what mlx-lm loads.
 
 The tokenizer is byte-level with no merges (token i is byte i), so the server can run the model
 on any text; only ids are scored.
@@ -193,6 +195,25 @@ def write_scores(out, m):
           f"smallest 4th-5th router logit gap {min(router_gaps):.4f}")
 
 
+def write_greedy(out, m, steps=12):
+    """mlx-lm's greedy continuation of each row's prompt through its cached decode (its
+    RotatingKVCache on the sliding layers), with each step's top-2 margin in nats, so a test
+    can compare greedy text over HTTP up to the first near-tie."""
+    with open(os.path.join(out, "mlx-lm-greedy.jsonl"), "w") as f:
+        for r in rows:
+            cache = m.make_cache()
+            logits = m(mx.array([r["prompt_ids"]]), cache=cache)[0, -1]
+            ids, margins = [], []
+            for _ in range(steps):
+                lp = logits.astype(mx.float32)
+                top = mx.sort(lp)[-2:].tolist()
+                ids.append(mx.argmax(lp).item())
+                margins.append(top[1] - top[0])
+                logits = m(mx.array([[ids[-1]]]), cache=cache)[0, -1]
+            f.write(json.dumps({"prompt_ids": r["prompt_ids"], "greedy_ids": ids,
+                                "margins": margins}) + "\n")
+
+
 def decode_gap(m):
     """How far mlx-lm's own cached path (the long row's prompt prefilled, then one token per
     step through its RotatingKVCache) is from its one-pass scores: the two must agree for the
@@ -229,6 +250,7 @@ write_common(dense_dir, config)
 mx.save_safetensors(os.path.join(dense_dir, "model.safetensors"), params,
                     metadata={"format": "mlx"})
 write_scores(dense_dir, model)
+write_greedy(dense_dir, model)
 decode_gap(model)
 sink_effect(model)
 
@@ -251,4 +273,5 @@ for extra in ["model.safetensors.index.json"]:
         os.remove(path)
 reloaded = load_model(Path(quant_dir))[0]
 write_scores(quant_dir, reloaded)
+write_greedy(quant_dir, reloaded)
 decode_gap(reloaded)
