@@ -3,13 +3,17 @@ a JSON Schema (`response_format`) against B without one, rounds interleaved (con
 free, constrained, ...) so machine noise hits both alike. Per request: decode time per token,
 (last content chunk - first) / (completion_tokens - 1), from `stream_options.include_usage`; at
 batch B every row of a round shares every step, so this is the step's time. Prints one JSON line
-per (batch, kind) with the median, and the ratio constrained / free.
+per (batch, kind) with the median, and the ratio constrained / free. Beside it, the engine's own
+step timing from `/stats` (`batch.by_batch_size`, differenced around each round): mean step time
+and the plugin share of it (the constrained rows' mask calls and their application count there),
+which a busy machine disturbs less than end-to-end times.
 
 Usage: python benches/structured_output.py URL   (env: BATCHES="1 8", ROUNDS=3, MAX_TOKENS=160)
 Standard library only; the server is any `mlxhost serve` with the `grammar` plugin loaded.
 """
 import json
 import os
+import urllib.request
 import statistics
 import sys
 import threading
@@ -41,6 +45,16 @@ def body(i, constrained):
     return b
 
 
+def step_stats(url, batch):
+    """(steps, total step ms, total plugin ms) the engine ran at `batch` rows so far."""
+    with urllib.request.urlopen(url + "/stats") as r:
+        sizes = json.load(r)["batch"]["by_batch_size"]
+    for s in sizes:
+        if s["rows"] == batch:
+            return s["steps"], s["step_ms"] * s["steps"], s["plugin_ms"] * s["steps"]
+    return 0, 0.0, 0.0
+
+
 def round_(url, batch, constrained, first_id):
     """One round of `batch` concurrent requests: per-token decode times, ms."""
     out = [None] * batch
@@ -64,15 +78,26 @@ def main():
     round_(url, 1, True, 10**6)  # warm: builds the plugin's engine once
     for batch in BATCHES:
         times = {True: [], False: []}
+        engine = {True: [0, 0.0, 0.0], False: [0, 0.0, 0.0]}
         for _ in range(ROUNDS):
             for constrained in (True, False):
+                before = step_stats(url, batch)
                 times[constrained] += round_(url, batch, constrained, n)
+                after = step_stats(url, batch)
+                for i in range(3):
+                    engine[constrained][i] += after[i] - before[i]
                 n += batch
         med = {k: statistics.median(v) for k, v in times.items()}
+        step = {k: e[1] / max(e[0], 1) for k, e in engine.items()}
         for k in (True, False):
+            steps, total, plugin = engine[k]
             print(json.dumps({"batch": batch, "constrained": k, "requests": len(times[k]),
-                              "ms_per_token_median": round(med[k], 3)}))
-        print(json.dumps({"batch": batch, "ratio_constrained_over_free": round(med[True] / med[False], 3)}))
+                              "ms_per_token_median": round(med[k], 3),
+                              "engine_steps": steps, "engine_step_ms_mean": round(step[k], 3),
+                              "engine_plugin_ms_mean": round(plugin / max(steps, 1), 3)}))
+        print(json.dumps({"batch": batch,
+                          "ratio_constrained_over_free": round(med[True] / med[False], 3),
+                          "engine_step_ratio": round(step[True] / step[False], 3)}))
 
 
 if __name__ == "__main__":
