@@ -80,6 +80,7 @@ impl<C: TokenChain> TokenChain for GrammarConstraint<C> {
     }
 
     fn set_step_cap(&mut self, cap: Option<Duration>) {
+        self.session.set_step_cap(cap);
         self.inner.set_step_cap(cap)
     }
 

@@ -242,6 +242,9 @@ pub struct ConstraintSession {
     shared: Arc<Mutex<SharedConstraint>>,
     id: u64,
     name: String,
+    /// The batch step's cap on each call's deadline, in epoch ticks, while
+    /// the row shares a step (`--plugin-step-ms`); `None`: the plugin's own.
+    cap_ticks: std::cell::Cell<Option<u64>>,
 }
 
 /// Why a session could not be opened.
@@ -277,7 +280,12 @@ impl ConstraintSession {
             (id, s.name.clone())
         };
         // Dropping the session on failure closes its log.
-        let session = ConstraintSession { shared, id, name };
+        let session = ConstraintSession {
+            shared,
+            id,
+            name,
+            cap_ticks: std::cell::Cell::new(None),
+        };
         let opened = lock(&session.shared).handle(id);
         match opened {
             Ok(Ok(_)) => Ok(session),
@@ -291,12 +299,31 @@ impl ConstraintSession {
         &self.name
     }
 
+    /// Caps each call's deadline at `cap` while the row shares a batch step
+    /// (`None`: the plugin's own deadline), as [`super::TokenChain::set_step_cap`].
+    pub fn set_step_cap(&self, cap: Option<std::time::Duration>) {
+        let tick = super::runtime::EPOCH_TICK.as_millis().max(1);
+        self.cap_ticks
+            .set(cap.map(|c| (c.as_millis() / tick).max(1) as u64 + 1));
+    }
+
+    /// The live instance, with this call's deadline (the step cap when it
+    /// is shorter than the plugin's own).
+    fn armed<'a>(&self, s: &'a mut SharedConstraint) -> Result<&'a mut Live, PluginError> {
+        let own = s.stores.call_ticks;
+        let live = s.live()?;
+        if let Some(cap) = self.cap_ticks.get() {
+            live.store.set_epoch_deadline(cap.min(own));
+        }
+        Ok(live)
+    }
+
     /// The allowed tokens' bitset for this step. Errors (fail the row): a
     /// trap, the plugin's error, or an empty set (a dead end).
     pub fn mask(&self) -> Result<Vec<u32>, PluginError> {
         let mut s = lock(&self.shared);
         let h = s.handle(self.id)?.map_err(|m| failed(&self.name, m))?;
-        let live = s.live()?;
+        let live = self.armed(&mut s)?;
         let r = live
             .bindings
             .mlxhost_plugin0_3_0_constraint()
@@ -320,7 +347,7 @@ impl ConstraintSession {
     pub fn accept(&self, token: u32) -> Result<(), PluginError> {
         let mut s = lock(&self.shared);
         let h = s.handle(self.id)?.map_err(|m| failed(&self.name, m))?;
-        let live = s.live()?;
+        let live = self.armed(&mut s)?;
         let r = live
             .bindings
             .mlxhost_plugin0_3_0_constraint()
