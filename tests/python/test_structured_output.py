@@ -309,3 +309,22 @@ def test_a_grammar_failure_fails_its_row_only(tmp_path):
         assert "rebuilt after a trap" in s.text()
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_openai_agents_output_type_completes_a_run(qwen, api):
+    """openai-agents with a Pydantic `output_type` runs to a typed final output against the
+    server, through Chat Completions (`response_format`) and Responses (`text.format`)."""
+    from agents import (Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, ModelSettings,
+                        Runner, set_tracing_disabled)
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    client = AsyncOpenAI(base_url=qwen.url + "/v1", api_key="unused", max_retries=0)
+    model = (OpenAIChatCompletionsModel if api == "chat" else OpenAIResponsesModel)(
+        model="m", openai_client=client)
+    agent = Agent(name="extractor", instructions="Extract the person the user describes.",
+                  output_type=Person, model=model,
+                  model_settings=ModelSettings(temperature=0, max_tokens=100))
+    result = Runner.run_sync(agent, "Ada is 36 and speaks English and French.")
+    assert isinstance(result.final_output, Person), result.final_output
