@@ -295,7 +295,7 @@ def test_failure_inside_a_stream_is_response_failed(server):
         ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
         ({"input": "x", "tools": [{"type": "function"}]}, "tools[0].name"),
         ({"input": "x", "tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]}, "tool_choice"),
-        ({"input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format"),
+        ({"input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
         ({"input": "x", "temperature": 3}, "temperature"),
         ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
         ({"input": "x", "background": True}, "background"),
