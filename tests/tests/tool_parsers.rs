@@ -3,7 +3,8 @@
 //! `tests/fixtures/tool-calls/<format>/<case>.txt` with the expected result
 //! in `<case>.json`: for every case, feeding the text whole, one character
 //! at a time, and cut into two pieces at every character boundary all give
-//! the same merged events, equal to the expected calls and content.
+//! the same merged events, equal to the expected calls and content
+//! (`harmony` through both of its parsers, as a gpt-oss request runs them).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -127,10 +128,22 @@ fn tools(v: &Value) -> Vec<ToolDefinition> {
         .collect()
 }
 
-/// A pipeline for `format` (a reasoning parser when it is `think`).
+/// A pipeline for `format` (a reasoning parser when it is `think`; both
+/// of `harmony`'s parsers, chained, when it is `harmony`).
 fn pipeline(host: &Arc<PluginHost>, format: &str, case: &Value) -> OutputPipeline {
     let none = serde_json::json!({});
-    if format == "think" {
+    if format == "harmony" {
+        // gpt-oss's prompt ends with the assistant's role header.
+        let tail = case
+            .get("prompt_tail")
+            .and_then(Value::as_str)
+            .unwrap_or("<|start|>assistant");
+        let r =
+            ParserSession::reasoning_parser(host.clone(), format, tail, &none).expect("session");
+        let t = ParserSession::tool_parser(host.clone(), format, &tools(case), true, &none)
+            .expect("session");
+        OutputPipeline::new(Some(r), Some(t), Vec::new())
+    } else if format == "think" {
         let tail = case
             .get("prompt_tail")
             .and_then(Value::as_str)
@@ -205,7 +218,7 @@ fn every_recorded_output_parses_the_same_however_it_is_streamed() {
             cases += 1;
         }
     }
-    assert!(cases >= 30, "only {cases} recorded cases found");
+    assert!(cases >= 44, "only {cases} recorded cases found");
 }
 
 #[test]
@@ -217,6 +230,7 @@ fn every_tool_parser_can_force_a_call_it_then_parses() {
         "mistral",
         "qwen3-coder",
         "pythonic",
+        "harmony",
     ] {
         let case = serde_json::json!({"tools": ["get_weather"]});
         let mut p = pipeline(&host, format, &case);
@@ -233,6 +247,7 @@ fn every_tool_parser_can_force_a_call_it_then_parses() {
             "mistral" => "{\"city\": \"Paris\"}}]",
             "qwen3-coder" => "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
             "pythonic" => "city=\"Paris\")]",
+            "harmony" => "{\"city\": \"Paris\"}",
             _ => unreachable!(),
         };
         let mut events = p.text(&prefix).expect("prefix");

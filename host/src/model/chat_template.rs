@@ -21,27 +21,61 @@ pub struct ChatMessage {
 /// shape `transformers` gives templates: `tool_calls` as
 /// `[{"id", "type": "function", "function": {"name", "arguments": {...}}}]`
 /// (arguments as a mapping, so templates can `tojson` them),
-/// `tool_call_id` and `name` on tool results, `reasoning_content` on
-/// assistant turns. Absent fields are left out (templates test them with
-/// `is defined`).
-#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+/// `tool_call_id` and `name` on tool results, the reasoning of assistant
+/// turns as `reasoning_content` (Qwen3, DeepSeek) and as `thinking`
+/// (gpt-oss's template reads its analysis channel from there; on a turn
+/// with both tool calls and content it renders one of them as the
+/// analysis and raises when given both, so there the content is left to
+/// it and `thinking` is not set: a gpt-oss preamble before a call must not
+/// fail the next request). Absent fields are left out (templates test them
+/// with `is defined` or `in`).
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct TemplateMessage {
     /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
     /// The message text.
     pub content: String,
     /// Assistant turns: the calls made.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<serde_json::Value>>,
     /// Tool turns: the call answered.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
     /// Participant or tool name.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Assistant turns: reasoning text.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+}
+
+impl Serialize for TemplateMessage {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Fields<'a> {
+            role: &'a str,
+            content: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            tool_calls: Option<&'a Vec<serde_json::Value>>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            tool_call_id: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            name: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            reasoning_content: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            thinking: Option<&'a str>,
+        }
+        Fields {
+            role: &self.role,
+            content: &self.content,
+            tool_calls: self.tool_calls.as_ref(),
+            tool_call_id: self.tool_call_id.as_deref(),
+            name: self.name.as_deref(),
+            reasoning_content: self.reasoning_content.as_deref(),
+            thinking: self
+                .reasoning_content
+                .as_deref()
+                .filter(|_| self.tool_calls.is_none() || self.content.is_empty()),
+        }
+        .serialize(s)
+    }
 }
 
 impl From<&ChatMessage> for TemplateMessage {
@@ -88,6 +122,11 @@ impl ChatTemplate {
                 Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
             },
         );
+        // `transformers` defines it: the current date and time, formatted
+        // (gpt-oss's and Llama 3.x's templates print today's date).
+        env.add_function("strftime_now", |format: String| {
+            super::strftime::format_now(&format)
+        });
         // `transformers` renders `tojson` with Python's `json.dumps`
         // (`", "` and `": "` separators, no HTML escaping); minijinja's
         // own filter is compact and escapes `<`: tool definitions in the
@@ -293,6 +332,43 @@ mod tests {
             )?,
             "x"
         );
+        Ok(())
+    }
+
+    /// What gpt-oss's template needs beyond the others: today's date from
+    /// `strftime_now`, and an assistant turn's reasoning as `thinking`
+    /// (tested with `in`, so it is absent when there is none).
+    #[test]
+    fn gpt_oss_reads_the_date_and_thinking() -> Result<()> {
+        let src = "{{ strftime_now('%Y-%m-%d') }}|{% for m in messages %}{% if 'thinking' in m %}[{{ m.thinking }}]{% endif %}{{ m.content }};{% endfor %}";
+        let t = ChatTemplate::new(src, "", "")?;
+        let messages = [
+            TemplateMessage {
+                role: "assistant".into(),
+                content: "Hi.".into(),
+                reasoning_content: Some("Greet back.".into()),
+                ..TemplateMessage::default()
+            },
+            TemplateMessage {
+                role: "user".into(),
+                content: "Hello".into(),
+                ..TemplateMessage::default()
+            },
+        ];
+        let out = t.render_with(&messages, &[], &serde_json::Map::new(), false)?;
+        let (date, rest) = out.split_once('|').expect("a date");
+        assert_eq!(date, super::super::strftime::format_now("%Y-%m-%d"));
+        assert!(date.len() == 10 && date.as_bytes()[4] == b'-', "{date}");
+        assert_eq!(rest, "[Greet back.]Hi.;Hello;");
+        // A preamble before a call: the content stands for the analysis.
+        let call = serde_json::json!({"id": "c", "type": "function",
+                                      "function": {"name": "f", "arguments": {}}});
+        let preamble = TemplateMessage {
+            tool_calls: Some(vec![call]),
+            ..messages[0].clone()
+        };
+        let out = t.render_with(&[preamble], &[], &serde_json::Map::new(), false)?;
+        assert_eq!(out.split_once('|').map(|x| x.1), Some("Hi.;"));
         Ok(())
     }
 }

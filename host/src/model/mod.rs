@@ -27,6 +27,7 @@ pub mod moe;
 pub mod mxfp4;
 pub mod prefill_attention;
 pub mod ragged;
+pub mod strftime;
 pub mod tokenizer;
 pub mod weights;
 pub mod yarn;

@@ -3,8 +3,8 @@
 use std::cell::{Cell, RefCell};
 
 use crate::formats::{Format, ToolParser};
+use crate::reasoning::Reasoner;
 use crate::stream::{Event, Stream};
-use crate::think::Think;
 use crate::tools::Tools;
 
 wit_bindgen::generate!({
@@ -89,20 +89,20 @@ impl tcp::GuestSession for ToolSession {
 }
 
 /// A reasoning parser session.
-struct ThinkSession(RefCell<Stream<Think>>);
+struct ReasoningSession(RefCell<Stream<Reasoner>>);
 
 impl rp::Guest for Component {
-    type Session = ThinkSession;
+    type Session = ReasoningSession;
 }
 
-impl rp::GuestSession for ThinkSession {
+impl rp::GuestSession for ReasoningSession {
     fn create(options: rp::ReasoningOptions) -> Result<rp::Session, PluginError> {
-        crate::options::reasoning_options(&options.extra)
+        let format = crate::options::reasoning_options(&options.extra)
             .map_err(|message| PluginError { message })?;
-        let parser = Think::new(&options.prompt_tail);
-        Ok(rp::Session::new(ThinkSession(RefCell::new(Stream::new(
-            parser, "",
-        )))))
+        let parser = Reasoner::new(format, &options.prompt_tail);
+        Ok(rp::Session::new(ReasoningSession(RefCell::new(
+            Stream::new(parser, ""),
+        ))))
     }
 
     fn feed(&self, delta: String, _token_ids: Vec<u32>) -> Vec<GenerationEvent> {

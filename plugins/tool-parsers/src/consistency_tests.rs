@@ -4,6 +4,7 @@
 //! char by char, and in random pieces.
 
 use crate::formats::{Format, ToolParser};
+use crate::harmony::Harmony;
 use crate::segment::Parser;
 use crate::stream::{Event, Stream};
 use crate::think::Think;
@@ -56,6 +57,20 @@ const FRAGMENTS: &[&str] = &[
     "<|python_end|>",
     "text",
     "<",
+    "<|start|>",
+    "<|start|>assistant",
+    "<|channel|>",
+    "analysis",
+    "final",
+    "commentary",
+    " to=functions.f",
+    " to=browser.search",
+    " <|constrain|>json",
+    "<|message|>",
+    "<|end|>",
+    "<|call|>",
+    "<|return|>",
+    "<|",
 ];
 
 /// xorshift64*: deterministic, no dependency.
@@ -198,6 +213,15 @@ fn call(rng: &mut Rng, format: Format) -> String {
             let list = format!("[{}, {}]", one(rng), one(rng));
             if rng.below(2) == 0 { list } else { format!("<|python_start|>{list}<|python_end|>") }
         }
+        Format::Harmony => {
+            let analysis = ["", "<|channel|>analysis<|message|>Think é.<|end|><|start|>assistant"][rng.below(2)];
+            let end = ["<|call|>", "", "<|end|>"][rng.below(3)];
+            match rng.below(3) {
+                0 => format!("{analysis}<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>{args}{end}"),
+                1 => format!("{analysis}<|start|>assistant to=functions.{n}<|channel|>commentary json<|message|>{args}{end}"),
+                _ => format!("{analysis}<|channel|>final<|message|>Done 😀.<|return|>"),
+            }
+        }
     }
 }
 
@@ -224,8 +248,15 @@ fn output(rng: &mut Rng, format: Format) -> String {
     match rng.below(5) {
         0 => s.truncate(at),
         1 => {
-            let to = bounds[rng.below(bounds.len())].max(at);
-            s.replace_range(at..to.min(at + 8), "");
+            // At most 8 bytes, ending on a char boundary.
+            let to = bounds[rng.below(bounds.len())].max(at).min(at + 8);
+            let to = bounds
+                .iter()
+                .rev()
+                .find(|&&b| b <= to)
+                .copied()
+                .unwrap_or(at);
+            s.replace_range(at..to, "");
         }
         2 => s.insert_str(at, FRAGMENTS[rng.below(FRAGMENTS.len())]),
         _ => {}
@@ -255,6 +286,12 @@ fn generated_calls_stream_the_same_in_every_format() {
             check(&parser, &text, &mut rng, name);
         }
         check(&Think::new(""), &text, &mut rng, "think");
+        check(
+            &Harmony::reasoning("<|start|>assistant"),
+            &text,
+            &mut rng,
+            "harmony reasoning",
+        );
     }
     // The generator must actually exercise calls.
     assert!(calls > 1000, "only {calls} calls parsed");
@@ -279,6 +316,14 @@ fn random_outputs_stream_the_same_in_every_format() {
         }
         for tail in ["", "<think>", "<think>\n"] {
             check(&Think::new(tail), &text, &mut rng, "think");
+        }
+        for tail in ["<|start|>assistant", "<|channel|>analysis<|message|>"] {
+            check(
+                &Harmony::reasoning(tail),
+                &text,
+                &mut rng,
+                "harmony reasoning",
+            );
         }
     }
 }

@@ -5,11 +5,12 @@
 //!
 //! Several plugin folders share this component (`plugins/hermes`,
 //! `plugins/llama3-json`, `plugins/mistral`, `plugins/qwen3-coder`,
-//! `plugins/pythonic`, `plugins/think`); each manifest picks the format
-//! with `[defaults] format = "..."`, which reaches the session as `extra`
-//! ([`options`]). Formats: [`formats`]; reasoning: [`think`]; the streaming
-//! contract: [`segment`] and [`stream`]; `docs/parsers.md` has the rules
-//! and examples.
+//! `plugins/pythonic`, `plugins/think`, and `plugins/harmony`, which serves
+//! both kinds); each manifest picks the format with `[defaults] format =
+//! "..."`, which reaches the session as `extra` ([`options`]). Formats:
+//! [`formats`]; reasoning: [`think`], and gpt-oss's [`harmony`] for both
+//! kinds ([`reasoning`] picks); the streaming contract: [`segment`] and
+//! [`stream`]; `docs/parsers.md` has the rules and examples.
 //!
 //! `call-prefix` is a free function, not a session method, so it cannot
 //! read a session's `extra`: it uses the format of the tool-call session
@@ -21,9 +22,11 @@
 //! (README.md has the command).
 
 pub mod formats;
+pub mod harmony;
 pub mod json;
 pub mod options;
 pub mod pylit;
+pub mod reasoning;
 pub mod segment;
 pub mod stream;
 pub mod text;

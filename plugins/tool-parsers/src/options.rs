@@ -5,7 +5,10 @@
 //! manifests set it; `hermes` when absent) and `id_salt` (a string mixed
 //! into call ids, e.g. a request id, so that equal outputs of different
 //! requests get different ids; default empty). The reasoning parser:
-//! `format` (`think` only). Any other key is an error naming it.
+//! `format` (`think`, the default, or `harmony`), and for `harmony` also
+//! `id_salt` (ignored: one `harmony` plugin folder serves both kinds, so
+//! its `plugin_params` reach both sessions). Any other key is an error
+//! naming it.
 
 use serde_json::{Map, Value};
 
@@ -64,20 +67,35 @@ pub fn tool_options(extra: &str) -> Result<ToolOptions, String> {
     Ok(ToolOptions { format, id_salt })
 }
 
-/// Checks a reasoning parser's `extra`.
-pub fn reasoning_options(extra: &str) -> Result<(), String> {
+/// The reasoning formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReasoningFormat {
+    /// `<think>...</think>` ([`crate::think`]).
+    Think,
+    /// gpt-oss's analysis channel ([`crate::harmony`]).
+    Harmony,
+}
+
+/// Parses a reasoning parser's `extra`.
+pub fn reasoning_options(extra: &str) -> Result<ReasoningFormat, String> {
     let map = object(extra)?;
-    if let Some(k) = map.keys().find(|k| k.as_str() != "format") {
+    let format = match string(&map, "format")? {
+        None | Some("think") => ReasoningFormat::Think,
+        Some("harmony") => ReasoningFormat::Harmony,
+        Some(other) => {
+            return Err(format!(
+                "unknown `format` `{other}` for the reasoning parser (`think` or `harmony`)"
+            ))
+        }
+    };
+    let allowed = |k: &str| k == "format" || (format == ReasoningFormat::Harmony && k == "id_salt");
+    if let Some(k) = map.keys().find(|k| !allowed(k)) {
         return Err(format!(
             "unknown parameter `{k}` (the reasoning parser takes `format`)"
         ));
     }
-    match string(&map, "format")? {
-        None | Some("think") => Ok(()),
-        Some(other) => Err(format!(
-            "unknown `format` `{other}` for the reasoning parser (only `think`)"
-        )),
-    }
+    string(&map, "id_salt")?;
+    Ok(format)
 }
 
 #[cfg(test)]
@@ -103,7 +121,21 @@ mod tests {
             .unwrap_err()
             .contains("`fromat`"));
         assert!(tool_options("[]").unwrap_err().contains("object"));
-        assert!(reasoning_options(r#"{"format": "think"}"#).is_ok());
+        assert_eq!(
+            reasoning_options(r#"{"format": "think"}"#),
+            Ok(ReasoningFormat::Think)
+        );
+        assert_eq!(
+            reasoning_options(r#"{"format": "harmony", "id_salt": "r"}"#),
+            Ok(ReasoningFormat::Harmony)
+        );
+        assert!(reasoning_options(r#"{"format": "think", "id_salt": "r"}"#)
+            .unwrap_err()
+            .contains("`id_salt`"));
+        assert_eq!(
+            tool_options(r#"{"format": "harmony"}"#).unwrap().format,
+            Format::Harmony
+        );
         assert!(reasoning_options(r#"{"format": "hermes"}"#)
             .unwrap_err()
             .contains("`format`"));

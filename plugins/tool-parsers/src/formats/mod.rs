@@ -17,6 +17,7 @@ pub mod mistral;
 pub mod pythonic;
 pub mod qwen3_coder;
 
+use crate::harmony::{self, Harmony};
 use crate::json::{self, Scan};
 use crate::segment::{Parsed, Parser, Seg};
 use crate::text::{could_become, find_any, held_from, skip_ws};
@@ -30,16 +31,19 @@ pub enum Format {
     Mistral,
     Qwen3Coder,
     Pythonic,
+    /// gpt-oss's harmony messages ([`crate::harmony`]).
+    Harmony,
 }
 
 impl Format {
     /// Every format, by its `format` parameter value.
-    pub const ALL: [(&'static str, Format); 5] = [
+    pub const ALL: [(&'static str, Format); 6] = [
         ("hermes", Format::Hermes),
         ("llama3-json", Format::Llama3Json),
         ("mistral", Format::Mistral),
         ("qwen3-coder", Format::Qwen3Coder),
         ("pythonic", Format::Pythonic),
+        ("harmony", Format::Harmony),
     ];
 
     /// The format called `name`.
@@ -61,6 +65,7 @@ impl Format {
             Format::Mistral => format!("[TOOL_CALLS][{{\"name\": {quoted}, \"arguments\": "),
             Format::Qwen3Coder => format!("<tool_call>\n<function={name}>\n"),
             Format::Pythonic => format!("[{name}("),
+            Format::Harmony => harmony::call_prefix(name),
         }
     }
 }
@@ -76,6 +81,14 @@ pub enum Prev {
     Call,
 }
 
+/// A tool-call parser's state: the marker formats' [`Prev`], or harmony's
+/// own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolState {
+    Tagged(Prev),
+    Harmony(harmony::State),
+}
+
 /// A tool-call parser for one format and the request's tools.
 #[derive(Debug, Clone)]
 pub struct ToolParser {
@@ -84,20 +97,46 @@ pub struct ToolParser {
 }
 
 impl Parser for ToolParser {
-    type State = Prev;
+    type State = ToolState;
 
-    fn initial(&self) -> Prev {
-        Prev::Start
+    fn initial(&self) -> ToolState {
+        match self.format {
+            Format::Harmony => ToolState::Harmony(Harmony::calls(&self.tools).initial()),
+            _ => ToolState::Tagged(Prev::Start),
+        }
     }
 
-    fn parse(&self, text: &str, from: usize, prev: Prev, partial: bool) -> Parsed<Prev> {
+    fn parse(&self, text: &str, from: usize, state: ToolState, partial: bool) -> Parsed<ToolState> {
+        let prev = match state {
+            ToolState::Tagged(prev) => prev,
+            ToolState::Harmony(s) => {
+                let p = Harmony::calls(&self.tools).parse(text, from, s, partial);
+                return Parsed {
+                    segs: p.segs,
+                    safe: p.safe,
+                    state: ToolState::Harmony(p.state),
+                };
+            }
+        };
+        let tagged = |p: Parsed<Prev>| Parsed {
+            segs: p.segs,
+            safe: p.safe,
+            state: ToolState::Tagged(p.state),
+        };
+        tagged(self.parse_tagged(text, from, prev, partial))
+    }
+}
+
+impl ToolParser {
+    /// [`Parser::parse`] for the formats with call markers.
+    fn parse_tagged(&self, text: &str, from: usize, prev: Prev, partial: bool) -> Parsed<Prev> {
         let tools = &self.tools;
         if from == 0 && prev == Prev::Start {
             let bare = match self.format {
                 Format::Hermes => bare_json(text, partial, tools, false),
                 Format::Llama3Json => bare_json(text, partial, tools, true),
                 Format::Pythonic => pythonic::bare(text, partial, tools),
-                Format::Mistral | Format::Qwen3Coder => Bare::NotBare,
+                Format::Mistral | Format::Qwen3Coder | Format::Harmony => Bare::NotBare,
             };
             match bare {
                 Bare::Calls(calls) => {
@@ -135,6 +174,12 @@ impl Parser for ToolParser {
                 partial,
             ),
             Format::Pythonic => drive(&pythonic::PythonStart { tools }, text, from, prev, partial),
+            // Parsed by `Parser::parse` before this.
+            Format::Harmony => Parsed {
+                segs: Vec::new(),
+                safe: from,
+                state: prev,
+            },
         }
     }
 }
