@@ -328,3 +328,22 @@ def test_openai_agents_output_type_completes_a_run(qwen, api):
                   model_settings=ModelSettings(temperature=0, max_tokens=100))
     result = Runner.run_sync(agent, "Ada is 36 and speaks English and French.")
     assert isinstance(result.final_output, Person), result.final_output
+
+
+def test_grammar_plugin_params(qwen):
+    """`plugin_params.grammar` reaches the plugin: flexible whitespace is accepted, an unknown
+    parameter is a 400 naming it."""
+    base = {"messages": [{"role": "user", "content": "Give a JSON object with a key a."}],
+            "max_tokens": 40, "temperature": 0, "response_format": {"type": "json_object"}}
+    with qwen.http() as http:
+        r = http.post("/v1/chat/completions", json={
+            **base, "plugin_params": {"grammar": {"whitespace_flexible": True}}})
+        assert r.status_code == 200, r.text
+        r = http.post("/v1/chat/completions", json={
+            **base, "plugin_params": {"grammar": {"indent": 2}}})
+        assert r.status_code == 400, r.text
+        assert "`indent`" in r.json()["error"]["message"], r.text
+        r = http.post("/v1/chat/completions", json={
+            "messages": base["messages"], "max_tokens": 5,
+            "plugin_params": {"grammar": {"whitespace_flexible": True}}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "plugin_params", r.text

@@ -157,6 +157,23 @@ pub fn constrained(
     plugins: &PluginHost,
     defaults: &Defaults,
 ) -> Result<Prepared, ApiError> {
+    // Parameters for a constraint plugin this request does not run are a
+    // mistake, as for parsers.
+    let runs = constraint.as_ref().map(|c| c.plugin.clone()).or_else(|| {
+        strict_tools
+            .first()
+            .map(|_| defaults.grammar_plugin.clone())
+    });
+    if let Some(name) = p.request.plugin_params.as_object().and_then(|m| {
+        m.keys().find(|k| {
+            plugins.get(k, Kind::Constraint).is_ok() && runs.as_deref() != Some(k.as_str())
+        })
+    }) {
+        return Err(bad(
+            Some("plugin_params"),
+            format!("`plugin_params.{name}`: the `{name}` constraint plugin does not run for this request (it asks for no structured output)"),
+        ));
+    }
     if let Some(c) = &constraint {
         if p.forced.is_some() || !p.request.forced_choices.is_empty() {
             return Err(bad(
@@ -328,10 +345,12 @@ pub fn prepare(
             "`plugin_params` must be an object keyed by plugin name",
         ));
     };
-    // Parsers are chosen below; their parameters may be given too.
+    // Parsers are chosen below, and a constraint plugin by the adapter
+    // (structured output): their parameters may be given too.
     let is_parser = |k: &str| {
         plugins.get(k, Kind::ToolCallParser).is_ok()
             || plugins.get(k, Kind::ReasoningParser).is_ok()
+            || plugins.get(k, Kind::Constraint).is_ok()
     };
     if let Some(name) = by_plugin
         .keys()
@@ -403,10 +422,13 @@ pub fn prepare(
         reasoning.as_ref().is_some_and(|p| p.name() == k)
             || tool_parser.as_ref().is_some_and(|p| p.name() == k)
     };
-    if let Some(name) = plugin_params
-        .as_object()
-        .and_then(|m| m.keys().find(|k| is_parser(k) && !running(k)))
-    {
+    // A constraint plugin's run is known once the adapter's constraint is
+    // attached ([`constrained`] checks its parameters).
+    let is_constraint = |k: &str| plugins.get(k, Kind::Constraint).is_ok();
+    if let Some(name) = plugin_params.as_object().and_then(|m| {
+        m.keys()
+            .find(|k| is_parser(k) && !is_constraint(k) && !running(k))
+    }) {
         return Err(bad(
             Some("plugin_params"),
             format!("`plugin_params.{name}`: the `{name}` parser does not run for this request"),
