@@ -155,6 +155,7 @@ fn write_all(
     let architecture = match config.model_type.as_str() {
         "qwen2" => "Qwen2ForCausalLM",
         "qwen3" => "Qwen3ForCausalLM",
+        "qwen3_moe" => "Qwen3MoeForCausalLM",
         "gemma3_text" => "Gemma3ForCausalLM",
         _ => "LlamaForCausalLM",
     };
@@ -188,7 +189,8 @@ fn write_json(path: &Path, v: &serde_json::Value) -> std::io::Result<()> {
     std::fs::write(path, text + "\n")
 }
 
-/// Quantization of `module` from its tensors' shapes.
+/// Quantization of `module` from its tensors' shapes (the last axis of
+/// 2-D linears and of stacked experts, `[experts, out, in * bits / 32]`).
 fn quant_spec_of(
     tensors: &super::weights::TensorMap,
     module: &str,
@@ -198,13 +200,15 @@ fn quant_spec_of(
     let s = tensors.get(&format!("{module}.scales"))?;
     let in_dim = if module.ends_with("o_proj") {
         config.num_attention_heads * config.head_dim()
+    } else if module.ends_with("switch_mlp.down_proj") {
+        config.moe.moe_intermediate_size?
     } else if module.ends_with("down_proj") {
         config.intermediate_size
     } else {
         config.hidden_size
     };
-    let groups = *s.shape().get(1)? as usize;
-    let packed = *w.shape().get(1)? as usize;
+    let groups = *s.shape().last()? as usize;
+    let packed = *w.shape().last()? as usize;
     (groups > 0).then(|| QuantSpec {
         group_size: (in_dim / groups) as i32,
         bits: (packed * 32 / in_dim) as i32,

@@ -15,15 +15,28 @@ use ggml_quants::GgmlType;
 use indicatif::{ProgressBar, ProgressStyle};
 use mlx_rs::Array;
 
-use super::config::{is_gemma3, is_gemma4, ModelConfig};
+use super::config::{is_gemma3, is_gemma4, ModelConfig, MoeConfig};
 use super::error::{ModelError, Result};
 use super::gguf_file::{GgufFile, MetaValue, TensorInfo};
 use super::tokenizer::TextTokenizer;
 use super::weights::{gguf_to_mlx_name, unpermute_rope_rows, TensorMap};
 
-/// Architectures this build can run from GGUF (Qwen3-MoE and Gemma 4 run
+/// Architectures this build can run from GGUF (Gemma 4 and gpt-oss run
 /// from MLX directories only).
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "gemma3"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "qwen3moe", "gemma3"];
+
+/// llama.cpp's name of Qwen3-MoE (`LLM_ARCH_QWEN3MOE`); mlx-lm's is
+/// `qwen3_moe`.
+const QWEN3MOE: &str = "qwen3moe";
+
+/// The stacked expert tensors of a sparse layer (ggml `ne`
+/// `[in, out, experts]`), with the dimension each multiplies from and to:
+/// `(name, in is the expert width)`.
+const EXPERT_TENSORS: [(&str, bool); 3] = [
+    ("ffn_gate_exps", false),
+    ("ffn_up_exps", false),
+    ("ffn_down_exps", true),
+];
 
 /// Control-token texts that end a turn, as llama.cpp's vocabulary loader
 /// collects them (`llama-vocab.cpp`, `special_eog_ids`) beside the declared
@@ -173,10 +186,126 @@ impl Gguf {
         Ok(types)
     }
 
+    /// Qwen3-MoE's expert fields from `qwen3moe.expert_count`,
+    /// `.expert_used_count`, `.expert_feed_forward_length` (and
+    /// `.expert_weights_norm`, `.expert_gating_func` when present), with
+    /// every sparse layer's router and stacked experts checked against
+    /// them. llama.cpp's `qwen3moe` graph renormalises the top-k weights
+    /// (`norm_w = true`) and makes every layer sparse; a layer without
+    /// `ffn_gate_inp` but with a dense `ffn_gate` is taken as dense
+    /// (mlx-lm's `mlp_only_layers`).
+    ///
+    /// Errors name the key or tensor that is missing or disagrees.
+    fn moe_config(&self, hidden: usize, layers: usize) -> Result<MoeConfig> {
+        let a = &self.arch;
+        let count_key = format!("{a}.expert_count");
+        let experts = self.required(&count_key)? as usize;
+        let used_key = format!("{a}.expert_used_count");
+        let used = self.required(&used_key)? as usize;
+        let width_key = format!("{a}.expert_feed_forward_length");
+        let width = self.required(&width_key)? as usize;
+        if experts == 0 || used == 0 || used > experts {
+            return Err(ModelError::invalid(
+                &self.path,
+                format!("`{used_key}` ({used}) must be between 1 and `{count_key}` ({experts})"),
+            ));
+        }
+        let norm_key = format!("{a}.expert_weights_norm");
+        let norm = match self.file.get(&norm_key) {
+            None => true,
+            Some(MetaValue::Bool(b)) => *b,
+            Some(_) => {
+                return Err(ModelError::invalid(
+                    &self.path,
+                    format!("metadata `{norm_key}` is not a bool"),
+                ))
+            }
+        };
+        let gating_key = format!("{a}.expert_gating_func");
+        if let Some(g) = self.meta_u64(&gating_key)?.filter(|&g| g != 1) {
+            return Err(ModelError::invalid(
+                &self.path,
+                format!("`{gating_key}` = {g}: only softmax gating (1) is supported"),
+            ));
+        }
+        let mut dense_layers = Vec::new();
+        for l in 0..layers {
+            let router = format!("blk.{l}.ffn_gate_inp.weight");
+            let Some(info) = self.file.tensor(&router) else {
+                if self
+                    .file
+                    .tensor(&format!("blk.{l}.ffn_gate.weight"))
+                    .is_some()
+                {
+                    dense_layers.push(l);
+                    continue;
+                }
+                return Err(ModelError::invalid(
+                    &self.path,
+                    format!("tensor `{router}` (layer {l}'s expert router) is missing"),
+                ));
+            };
+            self.check_dims(info, &[hidden, experts], &count_key)?;
+            for (name, from_width) in EXPERT_TENSORS {
+                let name = format!("blk.{l}.{name}.weight");
+                let info = self.file.tensor(&name).ok_or_else(|| {
+                    ModelError::invalid(&self.path, format!("tensor `{name}` is missing"))
+                })?;
+                let dims = if from_width {
+                    [width, hidden, experts]
+                } else {
+                    [hidden, width, experts]
+                };
+                self.check_dims(info, &dims, &count_key)?;
+            }
+        }
+        Ok(MoeConfig {
+            num_experts: Some(experts),
+            num_experts_per_tok: Some(used),
+            moe_intermediate_size: Some(width),
+            // Written out so `convert`'s config.json has every field
+            // mlx-lm's `qwen3_moe.ModelArgs` requires.
+            decoder_sparse_step: Some(1),
+            mlp_only_layers: Some(dense_layers),
+            norm_topk_prob: Some(norm),
+        })
+    }
+
+    /// Checks tensor `info` has ggml dims `want`; the error names it, the
+    /// dims found and `count_key` (the expert count it was checked with).
+    fn check_dims(&self, info: &TensorInfo, want: &[usize], count_key: &str) -> Result<()> {
+        let found: Vec<u64> = info.dims.clone();
+        let want: Vec<u64> = want.iter().map(|&d| d as u64).collect();
+        if found != want {
+            return Err(ModelError::invalid(
+                &self.path,
+                format!(
+                    "tensor `{}` has ggml dims {found:?}, expected {want:?} (the last is `{count_key}`)",
+                    info.name
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Hyper-parameters from `<arch>.*` metadata, in config.json spelling.
     pub fn config(&self) -> Result<ModelConfig> {
         let a = &self.arch;
         let hidden = self.required(&format!("{a}.embedding_length"))? as usize;
+        let layers = self.required(&format!("{a}.block_count"))? as usize;
+        let moe = if a == QWEN3MOE {
+            self.moe_config(hidden, layers)?
+        } else {
+            MoeConfig::default()
+        };
+        let ff_key = format!("{a}.feed_forward_length");
+        // An all-sparse Qwen3-MoE needs no dense width; mlx-lm's config
+        // requires one, so fall back to the experts'.
+        let intermediate = match (self.meta_u64(&ff_key)?, moe.moe_intermediate_size) {
+            (Some(v), _) => v as usize,
+            (None, Some(w)) if moe.mlp_only_layers.as_ref().is_some_and(Vec::is_empty) => w,
+            (None, _) => self.required(&ff_key)? as usize,
+        };
         let heads = self.required(&format!("{a}.attention.head_count"))? as usize;
         let tokens_len = match self.file.get("tokenizer.ggml.tokens") {
             Some(MetaValue::Array(t)) => Some(t.len()),
@@ -210,16 +339,18 @@ impl Gguf {
             .meta_u64(&format!("{a}.attention.key_length"))?
             .map(|v| v as usize);
         let config = ModelConfig {
-            // mlx-lm's name for Gemma 3's text decoder, so `convert` writes
-            // what it loads.
+            // mlx-lm's names for Gemma 3's text decoder and Qwen3-MoE, so
+            // `convert` writes what it loads.
             model_type: if gemma3 {
                 "gemma3_text".into()
+            } else if a == QWEN3MOE {
+                "qwen3_moe".into()
             } else {
                 a.clone()
             },
             hidden_size: hidden,
-            num_hidden_layers: self.required(&format!("{a}.block_count"))? as usize,
-            intermediate_size: self.required(&format!("{a}.feed_forward_length"))? as usize,
+            num_hidden_layers: layers,
+            intermediate_size: intermediate,
             num_attention_heads: heads,
             num_key_value_heads: self
                 .meta_u64(&format!("{a}.attention.head_count_kv"))?
@@ -262,7 +393,7 @@ impl Gguf {
             sliding_window_pattern: gemma3.then_some(6),
             rope_local_base_freq: gemma3.then_some(10_000.0),
             layer_types: None,
-            moe: Default::default(),
+            moe,
             gemma4: Default::default(),
         };
         config
@@ -335,7 +466,12 @@ impl Gguf {
             ));
         }
         let tokens = self.strings("tokenizer.ggml.tokens")?;
-        let merges = self.strings("tokenizer.ggml.merges")?;
+        // A vocabulary of single characters needs no merges, and gguf-py
+        // cannot write an empty array: only then may the key be absent.
+        let merges = match self.file.get("tokenizer.ggml.merges") {
+            None if tokens.iter().all(|t| t.chars().count() == 1) => Vec::new(),
+            _ => self.strings("tokenizer.ggml.merges")?,
+        };
         let types = self.token_types(tokens.len())?;
         let pre = self
             .file
@@ -354,13 +490,12 @@ impl Gguf {
             .map(String::from)
     }
 
-    /// Whether any 2-D tensor is stored quantized.
     /// Whether some matrix is a K-quant (Q2_K..Q6_K, llama.cpp's
     /// super-block formats): such checkpoints are llama.cpp's to define, and
     /// mlxhost's parity reference for them is llama.cpp's own output.
     pub fn has_k_quant_tensors(&self) -> bool {
         self.file.tensors.iter().any(|t| {
-            t.dims.len() == 2
+            t.dims.len() >= 2
                 && GgmlType::from_id(t.type_id).is_some_and(|ty| {
                     matches!(
                         ty,
@@ -374,9 +509,10 @@ impl Gguf {
         })
     }
 
+    /// Whether any 2-D or 3-D (stacked experts) tensor is stored quantized.
     pub fn has_quantized_tensors(&self) -> bool {
         self.file.tensors.iter().any(|t| {
-            t.dims.len() == 2 && GgmlType::from_id(t.type_id).is_some_and(|ty| !ty.is_float())
+            t.dims.len() >= 2 && GgmlType::from_id(t.type_id).is_some_and(|ty| !ty.is_float())
         })
     }
 
@@ -467,7 +603,7 @@ impl Gguf {
         let elems = info.elems() as usize;
         let err = |e: ggml_quants::Error| e.to_string();
         let dense = |values: Vec<f32>| Array::from_slice(&values, &shape);
-        if ty.is_float() || shape.len() != 2 {
+        if ty.is_float() || !(2..=3).contains(&shape.len()) {
             // Half-width floats stay in their own dtype, as MLX's reader kept them.
             let halves = |n: usize| data[..n].chunks_exact(2).map(|b| [b[0], b[1]]);
             let a = match ty {
@@ -490,10 +626,16 @@ impl Gguf {
             let values = ggml_quants::dequantize(ty, data, elems).map_err(err)?;
             return Ok(vec![("weight", dense(values))]);
         }
-        let (rows, cols) = (shape[0], shape[1]);
+        // A 3-D tensor (stacked experts, `[experts, out, in]`) quantizes
+        // each expert's rows along `in` like a 2-D one: decoded as
+        // `experts * out` rows, then given its leading dims back.
+        let (lead, cols) = shape.split_at(shape.len() - 1);
+        let cols = cols[0];
+        let rows: i32 = lead.iter().product();
         let m = ggml_quants::to_mlx_affine(ty, data, rows as usize, cols as usize).map_err(err)?;
         let groups = cols / m.group_size as i32;
-        let weight = Array::from_slice(&m.weight, &[rows, cols * m.bits as i32 / 32]);
+        let dims = |last: i32| [lead, &[last]].concat();
+        let weight = Array::from_slice(&m.weight, &dims(cols * m.bits as i32 / 32));
         // The legacy types' scales and biases are float16 values times small
         // powers of two: exact in float16, which is what MLX's own GGUF
         // reader returns (the native path's activation dtype follows it).
@@ -507,12 +649,12 @@ impl Gguf {
         };
         let (scales, biases) = match (legacy, to_f16(&m.scales), to_f16(&m.biases)) {
             (true, Some(s), Some(b)) => (
-                Array::from_slice(&s, &[rows, groups]),
-                Array::from_slice(&b, &[rows, groups]),
+                Array::from_slice(&s, &dims(groups)),
+                Array::from_slice(&b, &dims(groups)),
             ),
             _ => (
-                Array::from_slice(&m.scales, &[rows, groups]),
-                Array::from_slice(&m.biases, &[rows, groups]),
+                Array::from_slice(&m.scales, &dims(groups)),
+                Array::from_slice(&m.biases, &dims(groups)),
             ),
         };
         Ok(vec![

@@ -63,6 +63,12 @@ pub fn gguf_to_mlx_name(arch: &str, name: &str) -> Option<String> {
                 "ffn_gate" => "mlp.gate_proj",
                 "ffn_up" => "mlp.up_proj",
                 "ffn_down" => "mlp.down_proj",
+                // Mixture-of-experts layers (llama.cpp's `qwen3moe`): the
+                // router and the stacked experts, as mlx-lm names them.
+                "ffn_gate_inp" => "mlp.gate",
+                "ffn_gate_exps" => "mlp.switch_mlp.gate_proj",
+                "ffn_up_exps" => "mlp.switch_mlp.up_proj",
+                "ffn_down_exps" => "mlp.switch_mlp.down_proj",
                 "attn_norm" => "input_layernorm",
                 "attn_q_norm" => "self_attn.q_norm",
                 "attn_k_norm" => "self_attn.k_norm",
