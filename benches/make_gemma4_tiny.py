@@ -33,23 +33,21 @@ The mixture-of-experts block (26B-A4B's `enable_moe_block`) is not built: mlxhos
 Weights are normal with std 0.3 (mlx-lm's default init gives nearly uniform logits, where every
 top-5 is a near-tie), norm weights and layer scalars around 1 (Gemma 4's norms multiply by `w`,
 not Gemma 3's `1 + w`). The tokenizer is byte-level with no merges (token i is byte i), so the
-server can run the model on any text; only ids are scored. Tensors are saved as mlx-lm saves a `gemma4` model: `language_model.model.*`.
+server can run the model on any text; only ids are scored. Tensors are saved as mlx-lm saves a
+`gemma4` model: `language_model.model.*`. The shared pieces are in benches/tiny_fixture.py.
 
 Run (the mlx-lm venv of benches/side_by_side.sh):
   $VENV/bin/python benches/make_gemma4_tiny.py tests/fixtures/models
 """
-import json
 import os
 import sys
-from pathlib import Path
 
-import mlx.core as mx
-from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import gemma4
-from mlx_lm.utils import load_model, quantize_model, save_model
+
+from tiny_fixture import (byte_level_tokenizer, decode_gap, quantize_and_reload, random_model,
+                          write_float32, write_scores)
 
 root = sys.argv[1]
-mx.random.seed(7)
 text_config = {
     "model_type": "gemma4_text",
     "hidden_size": 32, "num_hidden_layers": 6, "intermediate_size": 64,
@@ -74,14 +72,9 @@ config = {
     "text_config": text_config, "vocab_size": 256, "eos_token_id": [1, 106],
     "tie_word_embeddings": True, "torch_dtype": "float32",
 }
-model = gemma4.Model(gemma4.ModelArgs.from_dict(config))
-params = tree_map(lambda p: mx.random.normal(p.shape) * 0.3, model.parameters())
-params = dict(tree_flatten(params))
-for k in params:
-    if k.endswith("norm.weight") or k.endswith("layer_scalar"):
-        params[k] = 1.0 + params[k]
-model.load_weights(list(params.items()))
-mx.eval(model.parameters())
+model, params = random_model(gemma4, config, seed=7, norm_std=None,
+                             norm_suffixes=("norm.weight", "layer_scalar"))
+tokenizer = byte_level_tokenizer()
 
 rows = [
     {"prompt_ids": [2, 5, 17, 200], "continuation_ids": [7, 7, 100, 255, 0]},
@@ -92,97 +85,18 @@ rows = [
 ]
 
 
-def bytes_to_unicode():
-    """GPT-2's map from bytes to printable characters (`ByteLevel`'s alphabet)."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
-    out, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
-
-
-def write_common(out, cfg):
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=1)
-    # A byte-level tokenizer.json: token i is byte i (GPT-2's byte-to-character map), no
-    # merges, so any text encodes (the server's warm-up encodes English) and ids decode back.
-    byte_chars = bytes_to_unicode()
-    level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-             "use_regex": False}
-    tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
-           "normalizer": None, "pre_tokenizer": level, "post_processor": None,
-           "decoder": level,
-           "model": {"type": "BPE", "dropout": None, "unk_token": None,
-                     "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                     "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                     "vocab": {byte_chars[b]: b for b in range(256)}, "merges": []}}
-    with open(os.path.join(out, "tokenizer.json"), "w") as f:
-        json.dump(tok, f)
-    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": byte_chars[1]}, f)
-    with open(os.path.join(out, "rows.jsonl"), "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-
-
-def write_scores(out, m):
-    """mlx-lm's teacher-forced logprobs of each row's continuation, with its top-5."""
-    smallest_margin = float("inf")
-    with open(os.path.join(out, "mlx-lm-scores.jsonl"), "w") as f:
-        for r in rows:
-            ids = mx.array([r["prompt_ids"] + r["continuation_ids"]])
-            logits = m(ids)[0].astype(mx.float32)
-            lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            steps = []
-            for i, t in enumerate(r["continuation_ids"]):
-                row = lp[len(r["prompt_ids"]) - 1 + i]
-                top = mx.argsort(-row)[:5].tolist()
-                smallest_margin = min(smallest_margin, row[top[0]].item() - row[top[1]].item())
-                steps.append({"token": t, "logprob": row[t].item(),
-                              "top": [[k, row[k].item()] for k in top]})
-            f.write(json.dumps({"steps": steps}) + "\n")
-    print(f"{out}: smallest top-2 margin {smallest_margin:.4f} nats")
-
-
-def decode_gap(m):
-    """How far mlx-lm's own cached path (the long row's prompt prefilled, then one token per
-    step through its RotatingKVCache and the shared layers' reused KV) is from its one-pass
-    scores: the two must agree for the one-pass scores to be the reference for ours."""
-    r = rows[-1]
-    ids = r["prompt_ids"] + r["continuation_ids"]
-    whole = m(mx.array([ids]))[0].astype(mx.float32)
-    whole = whole - mx.logsumexp(whole, axis=-1, keepdims=True)
-    cache = m.make_cache()
-    n = len(r["prompt_ids"])
-    out = [m(mx.array([ids[:n]]), cache=cache)[0, -1]]
-    for t in ids[n:-1]:
-        out.append(m(mx.array([[t]]), cache=cache)[0, -1])
-    stepped = mx.stack(out).astype(mx.float32)
-    stepped = stepped - mx.logsumexp(stepped, axis=-1, keepdims=True)
-    gap = mx.max(mx.abs(stepped - whole[n - 1:-1])).item()
-    print(f"mlx-lm cached decode vs one pass (long row): {gap:.2e} nats")
+def score(out, m):
+    margin = write_scores(os.path.join(out, "mlx-lm-scores.jsonl"), m, rows)
+    print(f"{out}: smallest top-2 margin {margin:.4f} nats")
 
 
 dense_dir = os.path.join(root, "gemma4-tiny")
-write_common(dense_dir, config)
-mx.save_safetensors(os.path.join(dense_dir, "model.safetensors"), params,
-                    metadata={"format": "mlx"})
-write_scores(dense_dir, model)
-decode_gap(model)
+write_float32(dense_dir, config, params, tokenizer, rows)
+score(dense_dir, model)
+# mlx-lm's cached path (the long row through its RotatingKVCache and the shared layers' reused
+# KV) against its one pass.
+print(f"mlx-lm cached decode vs one pass (long row): {decode_gap(model, rows[-1]):.2e} nats")
 
 quant_dir = os.path.join(root, "gemma4-tiny-4bit")
-model, qconfig = quantize_model(model, config, group_size=32, bits=4)
-write_common(quant_dir, qconfig)
-save_model(quant_dir, model)
-for extra in ["model.safetensors.index.json"]:
-    path = os.path.join(quant_dir, extra)
-    if os.path.exists(path):
-        os.remove(path)
-reloaded = load_model(Path(quant_dir))[0]
-write_scores(quant_dir, reloaded)
+score(quant_dir, quantize_and_reload(quant_dir, model, config, tokenizer, rows,
+                                     group_size=32, bits=4))

@@ -34,7 +34,7 @@ every structural feature kept:
   model, reloaded with `mlx_lm.utils.load_model` first, so the directory is what mlx-lm loads.
 
 The tokenizer is byte-level with no merges (token i is byte i), so the server can run the model
-on any text; only ids are scored.
+on any text; only ids are scored. The shared pieces are in benches/tiny_fixture.py.
 
 Run (the mlx-lm venv of benches/side_by_side.sh):
   $VENV/bin/python benches/make_gpt_oss_tiny.py tests/fixtures/models
@@ -42,26 +42,15 @@ Run (the mlx-lm venv of benches/side_by_side.sh):
 import json
 import os
 import sys
-from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import activations, gpt_oss
-from mlx_lm.utils import load_model, quantize_model, save_model
 
-# mlx-lm 0.32.2's QuantizedSwitchLinear passes `global_scale=None` to `mx.gather_qmm`, a keyword
-# MLX 0.32.2 (the version mlxhost links) does not have yet. `None` means "no global scale",
-# which is what 0.32.2's op computes, so drop the keyword (as make_qwen3_moe_tiny.py does).
-_gather_qmm = mx.gather_qmm
+from tiny_fixture import (byte_level_tokenizer, decode_gap, patch_gather_qmm,
+                          quantize_and_reload, random_model, row_logprobs, write_float32,
+                          write_scores)
 
-
-def _gather_qmm_compat(*args, global_scale=None, **kwargs):
-    if global_scale is not None:
-        raise ValueError("global_scale needs a newer MLX")
-    return _gather_qmm(*args, **kwargs)
-
-
-mx.gather_qmm = _gather_qmm_compat
+patch_gather_qmm()
 
 # Shares of the experts' gate and linear inputs that swiglu_oai clips, while scoring.
 clipped = []
@@ -90,7 +79,6 @@ def _moe_call_recording(self, x):
 gpt_oss.MLPBlock.__call__ = _moe_call_recording
 
 root = sys.argv[1]
-mx.random.seed(5)
 config = {
     "model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
     "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 32,
@@ -107,18 +95,19 @@ config = {
     "tie_word_embeddings": False, "eos_token_id": 1, "pad_token_id": 0,
     "torch_dtype": "float32",
 }
-model = gpt_oss.Model(gpt_oss.ModelArgs.from_dict(config))
-params = tree_map(lambda p: mx.random.normal(p.shape) * 0.3, model.parameters())
-params = dict(tree_flatten(params))
-for k in params:
-    if k.endswith("norm.weight"):
-        params[k] = 1.0 + params[k]
-    elif k.endswith("sinks"):
-        params[k] = params[k] * 5.0
-    elif "experts.gate_proj.weight" in k or "experts.up_proj.weight" in k:
-        params[k] = params[k] * 2.0
-model.load_weights(list(params.items()))
-mx.eval(model.parameters())
+
+
+def widen(name):
+    """Sinks to std 1.5 and the experts' gate and up weights to std 0.6."""
+    if name.endswith("sinks"):
+        return 5.0
+    if "experts.gate_proj.weight" in name or "experts.up_proj.weight" in name:
+        return 2.0
+    return None
+
+
+model, params = random_model(gpt_oss, config, seed=5, norm_std=None, scale=widen)
+tokenizer = byte_level_tokenizer()
 
 rows = [
     {"prompt_ids": [2, 5, 17, 200], "continuation_ids": [7, 7, 100, 255, 0]},
@@ -129,68 +118,11 @@ rows = [
 ]
 
 
-def bytes_to_unicode():
-    """GPT-2's map from bytes to printable characters (`ByteLevel`'s alphabet)."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
-    out, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
-
-
-def write_common(out, cfg):
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=1)
-    # A byte-level tokenizer.json: token i is byte i (GPT-2's byte-to-character map), no
-    # merges, so any text encodes (the server's warm-up encodes English) and ids decode back.
-    byte_chars = bytes_to_unicode()
-    level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-             "use_regex": False}
-    tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
-           "normalizer": None, "pre_tokenizer": level, "post_processor": None,
-           "decoder": level,
-           "model": {"type": "BPE", "dropout": None, "unk_token": None,
-                     "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                     "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                     "vocab": {byte_chars[b]: b for b in range(256)}, "merges": []}}
-    with open(os.path.join(out, "tokenizer.json"), "w") as f:
-        json.dump(tok, f)
-    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": byte_chars[1]}, f)
-    with open(os.path.join(out, "rows.jsonl"), "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-
-
-def row_logprobs(m, r):
-    ids = mx.array([r["prompt_ids"] + r["continuation_ids"]])
-    logits = m(ids)[0].astype(mx.float32)
-    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-
-
-def write_scores(out, m):
-    """mlx-lm's teacher-forced logprobs of each row's continuation, with its top-5."""
-    smallest_margin = float("inf")
+def score(out, m):
     clipped.clear()
     router_gaps.clear()
-    with open(os.path.join(out, "mlx-lm-scores.jsonl"), "w") as f:
-        for r in rows:
-            lp = row_logprobs(m, r)
-            steps = []
-            for i, t in enumerate(r["continuation_ids"]):
-                row = lp[len(r["prompt_ids"]) - 1 + i]
-                top = mx.argsort(-row)[:5].tolist()
-                smallest_margin = min(smallest_margin, row[top[0]].item() - row[top[1]].item())
-                steps.append({"token": t, "logprob": row[t].item(),
-                              "top": [[k, row[k].item()] for k in top]})
-            f.write(json.dumps({"steps": steps}) + "\n")
-    print(f"{out}: smallest top-2 margin {smallest_margin:.4f} nats; "
+    margin = write_scores(os.path.join(out, "mlx-lm-scores.jsonl"), m, rows)
+    print(f"{out}: smallest top-2 margin {margin:.4f} nats; "
           f"swiglu_oai clipped {100 * sum(clipped) / len(clipped):.1f}% of its inputs; "
           f"smallest 4th-5th router logit gap {min(router_gaps):.4f}")
 
@@ -214,22 +146,9 @@ def write_greedy(out, m, steps=12):
                                 "margins": margins}) + "\n")
 
 
-def decode_gap(m):
-    """How far mlx-lm's own cached path (the long row's prompt prefilled, then one token per
-    step through its RotatingKVCache) is from its one-pass scores: the two must agree for the
-    one-pass scores to be the reference for ours."""
-    r = rows[-1]
-    ids = r["prompt_ids"] + r["continuation_ids"]
-    whole = row_logprobs(m, r)
-    cache = m.make_cache()
-    n = len(r["prompt_ids"])
-    out = [m(mx.array([ids[:n]]), cache=cache)[0, -1]]
-    for t in ids[n:-1]:
-        out.append(m(mx.array([[t]]), cache=cache)[0, -1])
-    stepped = mx.stack(out).astype(mx.float32)
-    stepped = stepped - mx.logsumexp(stepped, axis=-1, keepdims=True)
-    gap = mx.max(mx.abs(stepped - whole[n - 1:-1])).item()
-    print(f"mlx-lm cached decode vs one pass (long row): {gap:.2e} nats")
+def print_decode_gap(m):
+    """mlx-lm's cached path (the long row through its RotatingKVCache) against its one pass."""
+    print(f"mlx-lm cached decode vs one pass (long row): {decode_gap(m, rows[-1]):.2e} nats")
 
 
 def sink_effect(m):
@@ -246,12 +165,10 @@ def sink_effect(m):
 
 
 dense_dir = os.path.join(root, "gpt-oss-tiny")
-write_common(dense_dir, config)
-mx.save_safetensors(os.path.join(dense_dir, "model.safetensors"), params,
-                    metadata={"format": "mlx"})
-write_scores(dense_dir, model)
+write_float32(dense_dir, config, params, tokenizer, rows)
+score(dense_dir, model)
 write_greedy(dense_dir, model)
-decode_gap(model)
+print_decode_gap(model)
 sink_effect(model)
 
 
@@ -263,15 +180,8 @@ def mxfp4_predicate(path, module):
 
 
 quant_dir = os.path.join(root, "gpt-oss-tiny-mxfp4")
-model, qconfig = quantize_model(model, config, group_size=32, bits=8,
-                                quant_predicate=mxfp4_predicate)
-write_common(quant_dir, qconfig)
-save_model(quant_dir, model)
-for extra in ["model.safetensors.index.json"]:
-    path = os.path.join(quant_dir, extra)
-    if os.path.exists(path):
-        os.remove(path)
-reloaded = load_model(Path(quant_dir))[0]
-write_scores(quant_dir, reloaded)
+reloaded = quantize_and_reload(quant_dir, model, config, tokenizer, rows, group_size=32, bits=8,
+                               quant_predicate=mxfp4_predicate)
+score(quant_dir, reloaded)
 write_greedy(quant_dir, reloaded)
-decode_gap(reloaded)
+print_decode_gap(reloaded)

@@ -22,35 +22,23 @@ Weights are normal with std 0.3 (mlx-lm's default init gives nearly uniform logi
 top-5 is a near-tie), norm weights around 1. At that scale the second expert keeps a real share
 of each token's output (a median weight near 0.3), and over these rows the smallest gap between
 a token's 2nd and 3rd router logit is printed: a gap far above float32 noise means a flipped
-expert choice in our graph would be a bug, not rounding. The tokenizer is a byte-level BPE with no merges over 256 tokens (only ids are scored).
+expert choice in our graph would be a bug, not rounding. The tokenizer is a byte-level BPE
+with no merges over 256 tokens (only ids are scored). The shared pieces are in
+benches/tiny_fixture.py.
 
 Run (the mlx-lm venv of benches/side_by_side.sh):
   $VENV/bin/python benches/make_qwen3_moe_tiny.py tests/fixtures/models
 """
-import json
 import os
 import sys
 
 import mlx.core as mx
-from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import qwen3_moe
-from pathlib import Path
 
-from mlx_lm.utils import load_model, quantize_model, save_model
+from tiny_fixture import (char_tokenizer, patch_gather_qmm, quantize_and_reload, random_model,
+                          write_float32, write_scores)
 
-# mlx-lm 0.32.2's QuantizedSwitchLinear passes `global_scale=None` to `mx.gather_qmm`, a keyword
-# MLX 0.32.2 (the version mlxhost links) does not have yet: its quantized MoE raises a TypeError
-# there. `None` means "no global scale", which is what 0.32.2's op computes, so drop the keyword.
-_gather_qmm = mx.gather_qmm
-
-
-def _gather_qmm_compat(*args, global_scale=None, **kwargs):
-    if global_scale is not None:
-        raise ValueError("global_scale needs a newer MLX")
-    return _gather_qmm(*args, **kwargs)
-
-
-mx.gather_qmm = _gather_qmm_compat
+patch_gather_qmm()
 
 # The smallest gap between a token's 2nd- and 3rd-largest router logit while scoring (how far
 # the top-2 choice is from a tie).
@@ -67,7 +55,6 @@ def _moe_call_recording(self, x):
 qwen3_moe.Qwen3MoeSparseMoeBlock.__call__ = _moe_call_recording
 
 root = sys.argv[1]
-mx.random.seed(11)
 config = {
     "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
     "hidden_size": 64, "num_hidden_layers": 3, "intermediate_size": 64,
@@ -79,15 +66,8 @@ config = {
     "attention_bias": False, "sliding_window": None, "use_sliding_window": False,
     "max_window_layers": 3, "torch_dtype": "float32",
 }
-model = qwen3_moe.Model(qwen3_moe.ModelArgs.from_dict(config))
-params = tree_map(lambda p: mx.random.normal(p.shape) * 0.3, model.parameters())
-params = dict(tree_flatten(params))
-for k in params:
-    if k.endswith("norm.weight"):
-        params[k] = 1.0 + params[k] * 0.3
-model.load_weights(list(params.items()))
-mx.eval(model.parameters())
-
+model, params = random_model(qwen3_moe, config, seed=11)
+tokenizer = char_tokenizer(256)
 rows = [
     {"prompt_ids": [5, 17, 200, 42], "continuation_ids": [7, 7, 100, 255, 0]},
     {"prompt_ids": list(range(40, 90)), "continuation_ids": [3, 1, 4, 1, 5, 9, 2, 6]},
@@ -95,58 +75,16 @@ rows = [
 ]
 
 
-def write_common(out, cfg):
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=1)
-    # A minimal tokenizer.json: 256 single-character tokens, no merges.
-    chars = [chr(0x100 + i) for i in range(256)]
-    tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
-           "normalizer": None, "pre_tokenizer": None, "post_processor": None, "decoder": None,
-           "model": {"type": "BPE", "dropout": None, "unk_token": None,
-                     "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                     "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                     "vocab": {c: i for i, c in enumerate(chars)}, "merges": []}}
-    with open(os.path.join(out, "tokenizer.json"), "w") as f:
-        json.dump(tok, f)
-    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": chars[1]}, f)
-    with open(os.path.join(out, "rows.jsonl"), "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-
-
-def write_scores(out, m):
-    """mlx-lm's teacher-forced logprobs of each row's continuation, with its top-5."""
+def score(out, m):
     router_gaps.clear()
-    with open(os.path.join(out, "mlx-lm-scores.jsonl"), "w") as f:
-        for r in rows:
-            ids = mx.array([r["prompt_ids"] + r["continuation_ids"]])
-            logits = m(ids)[0].astype(mx.float32)
-            lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            steps = []
-            for i, t in enumerate(r["continuation_ids"]):
-                row = lp[len(r["prompt_ids"]) - 1 + i]
-                top = mx.argsort(-row)[:5].tolist()
-                steps.append({"token": t, "logprob": row[t].item(),
-                              "top": [[k, row[k].item()] for k in top]})
-            f.write(json.dumps({"steps": steps}) + "\n")
+    write_scores(os.path.join(out, "mlx-lm-scores.jsonl"), m, rows)
     print(f"{out}: smallest 2nd-3rd router logit gap {min(router_gaps):.4f}")
 
 
 dense_dir = os.path.join(root, "qwen3-moe-tiny")
-write_common(dense_dir, config)
-mx.save_safetensors(os.path.join(dense_dir, "model.safetensors"), params,
-                    metadata={"format": "mlx"})
-write_scores(dense_dir, model)
+write_float32(dense_dir, config, params, tokenizer, rows)
+score(dense_dir, model)
 
 quant_dir = os.path.join(root, "qwen3-moe-tiny-4bit")
-model, qconfig = quantize_model(model, config, group_size=32, bits=4)
-write_common(quant_dir, qconfig)
-save_model(quant_dir, model)
-for extra in ["model.safetensors.index.json"]:
-    path = os.path.join(quant_dir, extra)
-    if os.path.exists(path):
-        os.remove(path)
-reloaded = load_model(Path(quant_dir))[0]
-write_scores(quant_dir, reloaded)
+score(quant_dir, quantize_and_reload(quant_dir, model, config, tokenizer, rows,
+                                     group_size=32, bits=4))

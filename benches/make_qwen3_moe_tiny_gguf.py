@@ -27,6 +27,8 @@ matrix but the router in Q8_0 / Q4_0). For the quantized ones mlx-lm 0.32.2's `q
 scores the weights gguf-py dequantizes from those files, in float32:
 `qwen3-moe-tiny.q8_0.mlx-lm-scores.jsonl`, `qwen3-moe-tiny.q4_0.mlx-lm-scores.jsonl`.
 
+The scoring is benches/tiny_fixture.py's `write_scores`.
+
 Run (the mlx-lm venv of benches/side_by_side.sh, plus `pip install gguf==0.19.0`):
   $VENV/bin/python benches/make_qwen3_moe_tiny_gguf.py tests/fixtures/models
 """
@@ -38,6 +40,8 @@ import gguf
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models import qwen3_moe
+
+from tiny_fixture import write_scores
 
 root = sys.argv[1]
 src = os.path.join(root, "qwen3-moe-tiny")
@@ -127,23 +131,12 @@ def write(path, qtype):
     return seen
 
 
-def write_scores(path, params):
-    """mlx-lm's teacher-forced logprobs (float32) of each row's continuation, with its top-5."""
+def score(path, params):
+    """mlx-lm's teacher-forced logprobs (float32) of `params` loaded into `qwen3_moe.Model`."""
     model = qwen3_moe.Model(qwen3_moe.ModelArgs.from_dict(config))
     model.load_weights([(k, mx.array(v)) for k, v in params.items()])
     mx.eval(model.parameters())
-    with open(path, "w") as f:
-        for r in rows:
-            ids = mx.array([r["prompt_ids"] + r["continuation_ids"]])
-            logits = model(ids)[0].astype(mx.float32)
-            lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            steps = []
-            for i, t in enumerate(r["continuation_ids"]):
-                row = lp[len(r["prompt_ids"]) - 1 + i]
-                top = mx.argsort(-row)[:5].tolist()
-                steps.append({"token": t, "logprob": row[t].item(),
-                              "top": [[k, row[k].item()] for k in top]})
-            f.write(json.dumps({"steps": steps}) + "\n")
+    write_scores(path, model, rows)
 
 
 f32 = write(os.path.join(root, "qwen3-moe-tiny.gguf"), None)
@@ -151,4 +144,4 @@ assert all(np.array_equal(f32[k], weights[k]) for k in weights)
 for suffix, qtype in [("q8_0", gguf.GGMLQuantizationType.Q8_0),
                       ("q4_0", gguf.GGMLQuantizationType.Q4_0)]:
     seen = write(os.path.join(root, f"qwen3-moe-tiny.{suffix}.gguf"), qtype)
-    write_scores(os.path.join(root, f"qwen3-moe-tiny.{suffix}.mlx-lm-scores.jsonl"), seen)
+    score(os.path.join(root, f"qwen3-moe-tiny.{suffix}.mlx-lm-scores.jsonl"), seen)
