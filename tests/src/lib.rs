@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 use serde::Deserialize;
 
 pub mod sliding_cache;
+pub mod tiny_fixture;
 
 /// One case of `fixtures/smollm2-greedy.json` (mlx-lm reference outputs).
 #[derive(Debug, Clone, Deserialize)]

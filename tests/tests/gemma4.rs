@@ -11,6 +11,9 @@
 use std::collections::HashMap;
 
 use mlx_rs::{ops::indexing::IndexOp, Array};
+use mlxhost_e2e::tiny_fixture::{
+    self, assert_matches, edited_copy, fixture, load_error, reference,
+};
 use mlxhost_e2e::*;
 
 /// Both sides compute in float32 on the same weights (the 4-bit
@@ -19,48 +22,15 @@ use mlxhost_e2e::*;
 /// a wrong norm or scale pass.
 const TOL: f32 = 1e-4;
 
-fn fixture(name: &str) -> String {
-    format!("{}/fixtures/models/{name}", env!("CARGO_MANIFEST_DIR"))
-}
+/// Every model here, the 4-bit fixture and edited copies too, scores the
+/// float32 fixture's rows.
+const ROWS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/fixtures/models/gemma4-tiny/rows.jsonl"
+);
 
-fn score(dir: &str, extra: &[&str]) -> Vec<mlxhost::score::ScoreOutput> {
-    let rows = format!("{}/rows.jsonl", fixture("gemma4-tiny"));
-    let mut args = vec!["score", "--model", dir, "--input", rows.as_str()];
-    args.extend(extra);
-    parse_score(&mlxhost_ok(&args))
-}
-
-fn reference(name: &str) -> Vec<mlxhost::score::ScoreOutput> {
-    let path = format!("{}/mlx-lm-scores.jsonl", fixture(name));
-    parse_score(&std::fs::read_to_string(path).expect("scores"))
-}
-
-/// Asserts every step of `ours` is within [`TOL`] of `theirs` (chosen
-/// token and shared top-5) and returns the largest chosen-token gap.
-fn assert_matches(
-    label: &str,
-    ours: &[mlxhost::score::ScoreOutput],
-    theirs: &[mlxhost::score::ScoreOutput],
-) -> f32 {
-    assert_eq!(ours.len(), theirs.len(), "{label}");
-    let mut worst = 0f32;
-    for (r, (o, t)) in ours.iter().zip(theirs).enumerate() {
-        assert_eq!(o.steps.len(), t.steps.len(), "{label}: row {r}");
-        for (s, (so, st)) in o.steps.iter().zip(&t.steps).enumerate() {
-            let gap = (so.logprob - st.logprob).abs();
-            worst = worst.max(gap);
-            assert!(
-                gap <= TOL,
-                "{label}: row {r} step {s}: {} vs {}",
-                so.logprob,
-                st.logprob
-            );
-            if let Err(e) = check_top(&so.top, &st.top, TOL) {
-                panic!("{label}: row {r} step {s}: {e}");
-            }
-        }
-    }
-    worst
+fn score(model: &str, extra: &[&str]) -> Vec<mlxhost::score::ScoreOutput> {
+    tiny_fixture::score(model, ROWS, extra)
 }
 
 #[test]
@@ -78,8 +48,7 @@ fn gemma4_scores_match_mlx_lm() {
             &["--dtype", "auto", "--prefill-chunk", "7"],
         ] {
             let label = format!("{name} {extra:?}");
-            let worst = assert_matches(&label, &score(&dir, extra), &theirs);
-            eprintln!("{label}: largest chosen-token gap {worst:.2e} nats");
+            assert_matches(&label, &score(&dir, extra), &theirs, TOL);
         }
     }
 }
@@ -100,34 +69,6 @@ fn batched_rows_equal_rows_alone() {
         let prefilled_together = score(&dir, &["--batch-size", "4"]);
         assert_scores_close(&prefilled_together, &alone, 1e-4);
     }
-}
-
-/// A copy of a fixture's directory with its tensors and config edited.
-fn edited_copy(
-    name: &str,
-    edit_tensors: impl FnOnce(&mut HashMap<String, Array>),
-    edit_config: impl FnOnce(&mut serde_json::Value),
-) -> tempfile::TempDir {
-    let src = fixture(name);
-    let dir = tempfile::tempdir().expect("tempdir");
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(format!("{src}/{f}"), dir.path().join(f)).expect("copy");
-    }
-    let mut tensors =
-        Array::load_safetensors(format!("{src}/model.safetensors")).expect("load tensors");
-    edit_tensors(&mut tensors);
-    let meta = HashMap::from([("format".to_string(), "mlx".to_string())]);
-    Array::save_safetensors(
-        tensors.iter().map(|(k, v)| (k.as_str(), v)),
-        &meta,
-        dir.path().join("model.safetensors"),
-    )
-    .expect("save tensors");
-    let text = std::fs::read_to_string(format!("{src}/config.json")).expect("config");
-    let mut config: serde_json::Value = serde_json::from_str(&text).expect("config json");
-    edit_config(&mut config);
-    std::fs::write(dir.path().join("config.json"), config.to_string()).expect("write config");
-    dir
 }
 
 /// Renames every tensor whose name starts with `from` to start with `to`.
@@ -173,23 +114,8 @@ fn every_checkpoint_layout_gives_the_same_scores() {
     );
     for (label, dir) in [("gemma4_text", &text), ("Hugging Face gemma4", &hf)] {
         let path = dir.path().to_str().expect("utf-8 path");
-        let worst = assert_matches(label, &score(path, &["--dtype", "float32"]), &theirs);
-        eprintln!("{label}: largest chosen-token gap {worst:.2e} nats");
+        assert_matches(label, &score(path, &["--dtype", "float32"]), &theirs, TOL);
     }
-}
-
-fn load_error(dir: &tempfile::TempDir) -> String {
-    let path = dir.path().to_str().expect("utf-8 path");
-    let rows = format!("{}/rows.jsonl", fixture("gemma4-tiny"));
-    let out = mlxhost(&["score", "--model", path, "--input", &rows]);
-    // An error exit (1), never a panic or an abort.
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]
@@ -202,7 +128,7 @@ fn missing_or_misshaped_tensors_and_unsupported_fields_are_named() {
         },
         |_| {},
     );
-    let err = load_error(&dir);
+    let err = load_error(dir.path(), ROWS);
     assert!(err.contains(gate) && err.contains("missing"), "{err}");
 
     // A full layer's key projection with the sliding layers' width.
@@ -215,7 +141,7 @@ fn missing_or_misshaped_tensors_and_unsupported_fields_are_named() {
         },
         |_| {},
     );
-    let err = load_error(&dir);
+    let err = load_error(dir.path(), ROWS);
     assert!(err.contains(k) && err.contains("64 rows"), "{err}");
 
     // Without `attention_k_eq_v`, full layers take `num_key_value_heads`
@@ -225,7 +151,7 @@ fn missing_or_misshaped_tensors_and_unsupported_fields_are_named() {
         |_| {},
         |c| c["text_config"]["attention_k_eq_v"] = false.into(),
     );
-    let err = load_error(&dir);
+    let err = load_error(dir.path(), ROWS);
     assert!(err.contains(k) && err.contains("32 rows"), "{err}");
     // With it, a full layer reads no `v_proj`; a sliding one must have its
     // own.
@@ -237,7 +163,7 @@ fn missing_or_misshaped_tensors_and_unsupported_fields_are_named() {
         },
         |_| {},
     );
-    let err = load_error(&dir);
+    let err = load_error(dir.path(), ROWS);
     assert!(err.contains(v) && err.contains("missing"), "{err}");
 
     // The mixture-of-experts block (26B-A4B) is refused by name.
@@ -252,6 +178,6 @@ fn missing_or_misshaped_tensors_and_unsupported_fields_are_named() {
             t["moe_intermediate_size"] = 16.into();
         },
     );
-    let err = load_error(&dir);
+    let err = load_error(dir.path(), ROWS);
     assert!(err.contains("enable_moe_block"), "{err}");
 }

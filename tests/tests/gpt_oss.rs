@@ -8,9 +8,10 @@
 //! row crosses it and the sliding caches' rollback margin. The prompt
 //! cache over the same model is in `gpt_oss_cache.rs`.
 
-use std::collections::HashMap;
-
 use mlx_rs::{ops, Array};
+use mlxhost_e2e::tiny_fixture::{
+    self, assert_matches, edited_copy, fixture, load_error, reference,
+};
 use mlxhost_e2e::*;
 
 /// Both sides compute in float32 on the same weights (the mxfp4 fixture's
@@ -19,48 +20,15 @@ use mlxhost_e2e::*;
 /// a wrong sink, bias or clip pass.
 const TOL: f32 = 1e-4;
 
-fn fixture(name: &str) -> String {
-    format!("{}/fixtures/models/{name}", env!("CARGO_MANIFEST_DIR"))
-}
+/// Every model here, the mxfp4 fixture and edited copies too, scores the
+/// float32 fixture's rows.
+const ROWS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/fixtures/models/gpt-oss-tiny/rows.jsonl"
+);
 
-fn score(dir: &str, extra: &[&str]) -> Vec<mlxhost::score::ScoreOutput> {
-    let rows = format!("{}/rows.jsonl", fixture("gpt-oss-tiny"));
-    let mut args = vec!["score", "--model", dir, "--input", rows.as_str()];
-    args.extend(extra);
-    parse_score(&mlxhost_ok(&args))
-}
-
-fn reference(name: &str) -> Vec<mlxhost::score::ScoreOutput> {
-    let path = format!("{}/mlx-lm-scores.jsonl", fixture(name));
-    parse_score(&std::fs::read_to_string(path).expect("scores"))
-}
-
-/// Asserts every step of `ours` is within [`TOL`] of `theirs` (chosen
-/// token and shared top-5) and returns the largest chosen-token gap.
-fn assert_matches(
-    label: &str,
-    ours: &[mlxhost::score::ScoreOutput],
-    theirs: &[mlxhost::score::ScoreOutput],
-) -> f32 {
-    assert_eq!(ours.len(), theirs.len(), "{label}");
-    let mut worst = 0f32;
-    for (r, (o, t)) in ours.iter().zip(theirs).enumerate() {
-        assert_eq!(o.steps.len(), t.steps.len(), "{label}: row {r}");
-        for (s, (so, st)) in o.steps.iter().zip(&t.steps).enumerate() {
-            let gap = (so.logprob - st.logprob).abs();
-            worst = worst.max(gap);
-            assert!(
-                gap <= TOL,
-                "{label}: row {r} step {s}: {} vs {}",
-                so.logprob,
-                st.logprob
-            );
-            if let Err(e) = check_top(&so.top, &st.top, TOL) {
-                panic!("{label}: row {r} step {s}: {e}");
-            }
-        }
-    }
-    worst
+fn score(model: &str, extra: &[&str]) -> Vec<mlxhost::score::ScoreOutput> {
+    tiny_fixture::score(model, ROWS, extra)
 }
 
 #[test]
@@ -78,8 +46,7 @@ fn gpt_oss_scores_match_mlx_lm() {
             &["--dtype", "auto", "--prefill-chunk", "7"],
         ] {
             let label = format!("{name} {extra:?}");
-            let worst = assert_matches(&label, &score(&dir, extra), &theirs);
-            eprintln!("{label}: largest chosen-token gap {worst:.2e} nats");
+            assert_matches(&label, &score(&dir, extra), &theirs, TOL);
         }
     }
 }
@@ -101,34 +68,6 @@ fn batched_rows_equal_rows_alone() {
         let prefilled_together = score(&dir, &["--batch-size", "4"]);
         assert_scores_close(&prefilled_together, &alone, 1e-4);
     }
-}
-
-/// A copy of a fixture's directory with its tensors and config edited.
-fn edited_copy(
-    name: &str,
-    edit_tensors: impl FnOnce(&mut HashMap<String, Array>),
-    edit_config: impl FnOnce(&mut serde_json::Value),
-) -> tempfile::TempDir {
-    let src = fixture(name);
-    let dir = tempfile::tempdir().expect("tempdir");
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(format!("{src}/{f}"), dir.path().join(f)).expect("copy");
-    }
-    let mut tensors =
-        Array::load_safetensors(format!("{src}/model.safetensors")).expect("load tensors");
-    edit_tensors(&mut tensors);
-    let meta = HashMap::from([("format".to_string(), "mlx".to_string())]);
-    Array::save_safetensors(
-        tensors.iter().map(|(k, v)| (k.as_str(), v)),
-        &meta,
-        dir.path().join("model.safetensors"),
-    )
-    .expect("save tensors");
-    let text = std::fs::read_to_string(format!("{src}/config.json")).expect("config");
-    let mut config: serde_json::Value = serde_json::from_str(&text).expect("config json");
-    edit_config(&mut config);
-    std::fs::write(dir.path().join("config.json"), config.to_string()).expect("write config");
-    dir
 }
 
 fn path(dir: &tempfile::TempDir) -> &str {
@@ -164,19 +103,6 @@ fn the_attention_sinks_change_the_scores() {
         .map(|(a, b)| (a.logprob - b.logprob).abs())
         .fold(0f32, f32::max);
     assert!(moved > 1.0, "zeroing the sinks moved the scores by {moved}");
-}
-
-fn load_error(dir: &tempfile::TempDir) -> String {
-    let rows = format!("{}/rows.jsonl", fixture("gpt-oss-tiny"));
-    let out = mlxhost(&["score", "--model", path(dir), "--input", &rows]);
-    // An error exit (1), never a panic or an abort.
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]
@@ -234,7 +160,7 @@ fn missing_or_misshaped_tensors_are_named() {
             },
             |_| {},
         );
-        let err = load_error(&dir);
+        let err = load_error(dir.path(), ROWS);
         // Scales are checked against their weight, which the error names
         // (without its scales, a packed weight reads as a dense one of the
         // wrong width).
@@ -258,7 +184,7 @@ fn other_layouts_and_inconsistent_configs_are_refused_by_name() {
         },
         |_| {},
     );
-    let err = load_error(&dir);
+    let err = load_error(dir.path(), ROWS);
     assert!(
         err.contains(fused) && err.contains("mlx_lm.convert"),
         "{err}"
@@ -269,7 +195,7 @@ fn other_layouts_and_inconsistent_configs_are_refused_by_name() {
         |_| {},
         |c| c["num_local_experts"] = 6.into(),
     );
-    let err = load_error(&dir);
+    let err = load_error(dir.path(), ROWS);
     assert!(
         err.contains("model.layers.0.mlp.router.weight") && err.contains("6 rows"),
         "{err}"
@@ -280,6 +206,6 @@ fn other_layouts_and_inconsistent_configs_are_refused_by_name() {
         |_| {},
         |c| c["layer_types"] = serde_json::json!(["full_attention"]),
     );
-    let err = load_error(&dir);
+    let err = load_error(dir.path(), ROWS);
     assert!(err.contains("layer_types"), "{err}");
 }

@@ -5,9 +5,8 @@
 //! (tests/fixtures/models/qwen3-moe-tiny and qwen3-moe-tiny-4bit, made by
 //! benches/make_qwen3_moe_tiny.py, with mlx-lm's teacher-forced scores).
 
-use std::collections::HashMap;
-
-use mlx_rs::{ops::indexing::IndexOp, Array};
+use mlx_rs::ops::indexing::IndexOp;
+use mlxhost_e2e::tiny_fixture::{self, assert_matches, edited_copy, fixture, reference};
 use mlxhost_e2e::*;
 
 /// semantics.md's bound for the native path (the float32 path's is 0.1).
@@ -19,24 +18,20 @@ const TOL: f32 = 0.05;
 /// logprob by less than [`TOL`], so the test holds this tighter bound.
 const FLOAT32_TOL: f32 = 1e-3;
 
-fn fixture(name: &str) -> String {
-    format!("{}/fixtures/models/{name}", env!("CARGO_MANIFEST_DIR"))
+/// A model directory scores its own rows.jsonl (edited copies carry it).
+fn rows(dir: &str) -> String {
+    format!("{dir}/rows.jsonl")
 }
 
 fn score(dir: &str, extra: &[&str]) -> Vec<mlxhost::score::ScoreOutput> {
-    let rows = format!("{dir}/rows.jsonl");
-    let mut args = vec!["score", "--model", dir, "--input", rows.as_str()];
-    args.extend(extra);
-    parse_score(&mlxhost_ok(&args))
+    tiny_fixture::score(dir, &rows(dir), extra)
 }
 
 #[test]
 fn qwen3_moe_scores_match_mlx_lm() {
     for name in ["qwen3-moe-tiny", "qwen3-moe-tiny-4bit"] {
         let dir = fixture(name);
-        let reference = parse_score(
-            &std::fs::read_to_string(format!("{dir}/mlx-lm-scores.jsonl")).expect("scores"),
-        );
+        let theirs = reference(name);
         for extra in [
             &["--dtype", "float32"][..],
             &["--dtype", "auto"],
@@ -44,26 +39,10 @@ fn qwen3_moe_scores_match_mlx_lm() {
             &["--dtype", "float32", "--decode"],
             &["--dtype", "auto", "--decode"],
         ] {
-            let ours = score(&dir, extra);
-            assert_eq!(ours.len(), reference.len());
-            let mut worst = 0f32;
-            for (r, (o, t)) in ours.iter().zip(&reference).enumerate() {
-                assert_eq!(o.steps.len(), t.steps.len());
-                for (s, (so, st)) in o.steps.iter().zip(&t.steps).enumerate() {
-                    let gap = (so.logprob - st.logprob).abs();
-                    worst = worst.max(gap);
-                    assert!(
-                        gap <= TOL.min(FLOAT32_TOL),
-                        "{name} {extra:?}: row {r} step {s}: {} vs {}",
-                        so.logprob,
-                        st.logprob
-                    );
-                    if let Err(e) = check_top(&so.top, &st.top, FLOAT32_TOL) {
-                        panic!("{name} {extra:?}: row {r} step {s}: {e}");
-                    }
-                }
-            }
-            eprintln!("{name} {extra:?}: largest chosen-token gap {worst:.2e} nats");
+            let label = format!("{name} {extra:?}");
+            // The chosen token within both bounds, the top-5 within the
+            // float32 one.
+            assert_matches(&label, &score(&dir, extra), &theirs, TOL.min(FLOAT32_TOL));
         }
     }
 }
@@ -86,53 +65,16 @@ fn batched_rows_equal_rows_alone() {
     }
 }
 
-/// Copies a fixture's files into a temporary directory, with `tensors`
-/// edited and `config` edited.
-fn broken_copy(
-    name: &str,
-    edit_tensors: impl FnOnce(&mut HashMap<String, Array>),
-    edit_config: impl FnOnce(&mut serde_json::Value),
-) -> tempfile::TempDir {
-    let src = fixture(name);
-    let dir = tempfile::tempdir().expect("tempdir");
-    for f in ["tokenizer.json", "tokenizer_config.json", "rows.jsonl"] {
-        std::fs::copy(format!("{src}/{f}"), dir.path().join(f)).expect("copy");
-    }
-    let mut tensors =
-        Array::load_safetensors(format!("{src}/model.safetensors")).expect("load tensors");
-    edit_tensors(&mut tensors);
-    let meta = HashMap::from([("format".to_string(), "mlx".to_string())]);
-    Array::save_safetensors(
-        tensors.iter().map(|(k, v)| (k.as_str(), v)),
-        &meta,
-        dir.path().join("model.safetensors"),
-    )
-    .expect("save tensors");
-    let text = std::fs::read_to_string(format!("{src}/config.json")).expect("config");
-    let mut config: serde_json::Value = serde_json::from_str(&text).expect("config json");
-    edit_config(&mut config);
-    std::fs::write(dir.path().join("config.json"), config.to_string()).expect("write config");
-    dir
-}
-
+/// The load error of an edited copy, scoring the rows it carries.
 fn load_error(dir: &tempfile::TempDir) -> String {
     let path = dir.path().to_str().expect("utf-8 path");
-    let rows = format!("{path}/rows.jsonl");
-    let out = mlxhost(&["score", "--model", path, "--input", &rows]);
-    // An error exit (1), never a panic or an abort.
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    tiny_fixture::load_error(dir.path(), &rows(path))
 }
 
 #[test]
 fn missing_or_misshaped_expert_weights_are_named() {
     let up = "model.layers.2.mlp.switch_mlp.up_proj.weight";
-    let dir = broken_copy(
+    let dir = edited_copy(
         "qwen3-moe-tiny",
         |t| {
             t.remove(up);
@@ -144,7 +86,7 @@ fn missing_or_misshaped_expert_weights_are_named() {
 
     // The 4-bit checkpoint's scales from another expert count.
     let scales = "model.layers.0.mlp.switch_mlp.down_proj.scales";
-    let dir = broken_copy(
+    let dir = edited_copy(
         "qwen3-moe-tiny-4bit",
         |t| {
             let s = t[scales].index(0..4);
@@ -156,14 +98,14 @@ fn missing_or_misshaped_expert_weights_are_named() {
     assert!(err.contains(scales), "{err}");
 
     // A config whose expert count disagrees with the weights.
-    let dir = broken_copy("qwen3-moe-tiny", |_| {}, |c| c["num_experts"] = 6.into());
+    let dir = edited_copy("qwen3-moe-tiny", |_| {}, |c| c["num_experts"] = 6.into());
     let err = load_error(&dir);
     assert!(
         err.contains("model.layers.0.mlp.gate.weight") && err.contains("6 rows"),
         "{err}"
     );
 
-    let dir = broken_copy(
+    let dir = edited_copy(
         "qwen3-moe-tiny",
         |_| {},
         |c| c["num_experts_per_tok"] = 9.into(),

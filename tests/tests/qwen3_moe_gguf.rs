@@ -7,6 +7,7 @@
 //! directory's mlx-lm scores; the Q8_0 and Q4_0 files' are mlx-lm's on the
 //! weights gguf-py dequantizes from them, in float32.
 
+use mlxhost_e2e::tiny_fixture::{self, assert_matches, fixture, read_scores};
 use mlxhost_e2e::*;
 
 /// Float32 activations on weights both sides hold exactly (measured within
@@ -17,48 +18,12 @@ const FLOAT32_TOL: f32 = 1e-4;
 /// (semantics.md's native bound; measured 0.02 chosen, 0.034 top-5).
 const NATIVE_TOL: f32 = 0.05;
 
-fn fixture(name: &str) -> String {
-    format!("{}/fixtures/models/{name}", env!("CARGO_MANIFEST_DIR"))
-}
-
 fn rows() -> String {
     fixture("qwen3-moe-tiny/rows.jsonl")
 }
 
 fn score(model: &str, extra: &[&str]) -> Vec<mlxhost::score::ScoreOutput> {
-    let rows = rows();
-    let mut args = vec!["score", "--model", model, "--input", rows.as_str()];
-    args.extend(extra);
-    parse_score(&mlxhost_ok(&args))
-}
-
-fn check(
-    name: &str,
-    extra: &[&str],
-    ours: &[mlxhost::score::ScoreOutput],
-    reference: &str,
-    tol: f32,
-) {
-    let reference = parse_score(&std::fs::read_to_string(reference).expect("scores"));
-    assert_eq!(ours.len(), reference.len());
-    let mut worst = 0f32;
-    for (r, (o, t)) in ours.iter().zip(&reference).enumerate() {
-        assert_eq!(o.steps.len(), t.steps.len());
-        for (s, (so, st)) in o.steps.iter().zip(&t.steps).enumerate() {
-            let gap = (so.logprob - st.logprob).abs();
-            worst = worst.max(gap);
-            assert!(
-                gap <= tol,
-                "{name} {extra:?}: row {r} step {s}: {} vs {}",
-                so.logprob,
-                st.logprob
-            );
-            if let Err(e) = check_top(&so.top, &st.top, tol) {
-                panic!("{name} {extra:?}: row {r} step {s}: {e}");
-            }
-        }
-    }
-    eprintln!("{name} {extra:?}: largest chosen-token gap {worst:.2e} nats");
+    tiny_fixture::score(model, &rows(), extra)
 }
 
 #[test]
@@ -93,7 +58,8 @@ fn qwen3_moe_gguf_scores_match_mlx_lm() {
             } else {
                 FLOAT32_TOL
             };
-            check(name, extra, &score(&model, extra), reference, tol);
+            let label = format!("{name} {extra:?}");
+            assert_matches(&label, &score(&model, extra), &read_scores(reference), tol);
         }
     }
 }
@@ -168,17 +134,7 @@ fn patched_u32(key: &str, value: u32) -> tempfile::NamedTempFile {
 }
 
 fn load_error(file: &tempfile::NamedTempFile) -> String {
-    let model = file.path().to_str().expect("utf-8 path");
-    let rows = rows();
-    let out = mlxhost(&["score", "--model", model, "--input", &rows]);
-    // An error exit (1), never a panic or an abort.
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    tiny_fixture::load_error(file.path(), &rows())
 }
 
 #[test]
