@@ -19,7 +19,7 @@ use std::path::Path;
 use mlx_rs::Array;
 use mlxhost::score::ScoreOutput;
 
-use crate::{check_top, mlxhost, mlxhost_ok, parse_score};
+use crate::{assert_scores_close, check_top, mlxhost, mlxhost_ok, parse_score};
 
 /// The path of `tests/fixtures/models/<name>` (a directory or a file).
 pub fn fixture(name: &str) -> String {
@@ -68,6 +68,28 @@ pub fn assert_matches(label: &str, ours: &[ScoreOutput], theirs: &[ScoreOutput],
     }
     eprintln!("{label}: largest chosen-token gap {worst:.2e} nats");
     worst
+}
+
+/// Asserts `model`'s rows scored together, `batch_size` at a time (one
+/// forward per step: a row's prompt chunks of 7 beside other rows' decode
+/// tokens, and separately the prompts prefilled together), equal each row
+/// scored alone (`--decode`), within 1e-4 nats.
+pub fn assert_batched_equals_alone(model: &str, rows: &str, batch_size: &str) {
+    let alone = score(model, rows, &["--decode"]);
+    let batched = score(
+        model,
+        rows,
+        &[
+            "--decode",
+            "--batch-size",
+            batch_size,
+            "--prefill-chunk",
+            "7",
+        ],
+    );
+    assert_scores_close(&batched, &alone, 1e-4);
+    let prefilled_together = score(model, rows, &["--batch-size", batch_size]);
+    assert_scores_close(&prefilled_together, &alone, 1e-4);
 }
 
 /// A copy of fixture directory `name` (its tokenizer files and rows.jsonl)

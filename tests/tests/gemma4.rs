@@ -12,9 +12,8 @@ use std::collections::HashMap;
 
 use mlx_rs::{ops::indexing::IndexOp, Array};
 use mlxhost_e2e::tiny_fixture::{
-    self, assert_matches, edited_copy, fixture, load_error, reference,
+    self, assert_batched_equals_alone, assert_matches, edited_copy, fixture, load_error, reference,
 };
-use mlxhost_e2e::*;
 
 /// Both sides compute in float32 on the same weights (the 4-bit
 /// fixture's scales are float32, so every path runs float32 activations),
@@ -59,15 +58,7 @@ fn gemma4_scores_match_mlx_lm() {
 #[test]
 fn batched_rows_equal_rows_alone() {
     for name in ["gemma4-tiny", "gemma4-tiny-4bit"] {
-        let dir = fixture(name);
-        let alone = score(&dir, &["--decode"]);
-        let batched = score(
-            &dir,
-            &["--decode", "--batch-size", "4", "--prefill-chunk", "7"],
-        );
-        assert_scores_close(&batched, &alone, 1e-4);
-        let prefilled_together = score(&dir, &["--batch-size", "4"]);
-        assert_scores_close(&prefilled_together, &alone, 1e-4);
+        assert_batched_equals_alone(&fixture(name), ROWS, "4");
     }
 }
 

@@ -10,9 +10,8 @@
 
 use mlx_rs::{ops, Array};
 use mlxhost_e2e::tiny_fixture::{
-    self, assert_matches, edited_copy, fixture, load_error, reference,
+    self, assert_batched_equals_alone, assert_matches, edited_copy, fixture, load_error, reference,
 };
-use mlxhost_e2e::*;
 
 /// Both sides compute in float32 on the same weights (the mxfp4 fixture's
 /// affine scales are float32, so every path runs float32 activations),
@@ -58,15 +57,7 @@ fn gpt_oss_scores_match_mlx_lm() {
 #[test]
 fn batched_rows_equal_rows_alone() {
     for name in ["gpt-oss-tiny", "gpt-oss-tiny-mxfp4"] {
-        let dir = fixture(name);
-        let alone = score(&dir, &["--decode"]);
-        let batched = score(
-            &dir,
-            &["--decode", "--batch-size", "4", "--prefill-chunk", "7"],
-        );
-        assert_scores_close(&batched, &alone, 1e-4);
-        let prefilled_together = score(&dir, &["--batch-size", "4"]);
-        assert_scores_close(&prefilled_together, &alone, 1e-4);
+        assert_batched_equals_alone(&fixture(name), ROWS, "4");
     }
 }
 

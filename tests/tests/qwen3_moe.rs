@@ -6,8 +6,9 @@
 //! benches/make_qwen3_moe_tiny.py, with mlx-lm's teacher-forced scores).
 
 use mlx_rs::ops::indexing::IndexOp;
-use mlxhost_e2e::tiny_fixture::{self, assert_matches, edited_copy, fixture, reference};
-use mlxhost_e2e::*;
+use mlxhost_e2e::tiny_fixture::{
+    self, assert_batched_equals_alone, assert_matches, edited_copy, fixture, reference,
+};
 
 /// semantics.md's bound for the native path (the float32 path's is 0.1).
 const TOL: f32 = 0.05;
@@ -54,14 +55,7 @@ fn qwen3_moe_scores_match_mlx_lm() {
 fn batched_rows_equal_rows_alone() {
     for name in ["qwen3-moe-tiny", "qwen3-moe-tiny-4bit"] {
         let dir = fixture(name);
-        let alone = score(&dir, &["--decode"]);
-        let batched = score(
-            &dir,
-            &["--decode", "--batch-size", "3", "--prefill-chunk", "7"],
-        );
-        assert_scores_close(&batched, &alone, 1e-4);
-        let prefilled_together = score(&dir, &["--batch-size", "3"]);
-        assert_scores_close(&prefilled_together, &alone, 1e-4);
+        assert_batched_equals_alone(&dir, &rows(&dir), "3");
     }
 }
 
