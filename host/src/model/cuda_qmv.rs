@@ -334,12 +334,7 @@ pub fn prefer(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: QuantS
         bf16: x.dtype() == Dtype::Bfloat16,
     };
     let choices = CHOICES.get_or_init(|| Mutex::new(HashMap::new()));
-    if let Some(&known) = choices
-        .lock()
-        .ok()
-        .and_then(|m| m.get(&key).copied())
-        .as_ref()
-    {
+    if let Some(known) = choices.lock().ok().and_then(|m| m.get(&key).copied()) {
         return known;
     }
     let verdict = match race(key, x.dtype(), w, scales, biases, spec) {
