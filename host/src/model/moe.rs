@@ -853,6 +853,18 @@ mod tests {
                 ..
             }
         ));
+        assert_equals_dequantized(&q, 80, "gather_qmm", |a, b| (a - b).abs() < 1e-4)
+    }
+
+    /// `q` (quantized experts) against the same block with its experts
+    /// dequantized to float32 (`gather_mm`), on 5 and 40 random tokens
+    /// (keys `seed + n`): every output within `close(ours, dequantized)`.
+    fn assert_equals_dequantized(
+        q: &SparseMoe,
+        seed: u64,
+        what: &str,
+        close: impl Fn(f32, f32) -> bool,
+    ) -> Result<()> {
         let deq = SparseMoe {
             gate_proj: q.gate_proj.to_dense(Dtype::Float32)?,
             up_proj: q.up_proj.to_dense(Dtype::Float32)?,
@@ -860,13 +872,10 @@ mod tests {
             ..q.clone()
         };
         for n in [5, 40] {
-            let x = normal(&[n, H], 1.0, 80 + n as u64);
+            let x = normal(&[n, H], 1.0, seed + n as u64);
             let (a, b) = (values(&q.forward(&x)?), values(&deq.forward(&x)?));
             for (j, (a, b)) in a.iter().zip(&b).enumerate() {
-                assert!(
-                    (a - b).abs() < 1e-4,
-                    "n={n} [{j}]: gather_qmm {a} vs gather_mm {b}"
-                );
+                assert!(close(*a, *b), "n={n} [{j}]: {what} {a} vs gather_mm {b}");
             }
         }
         Ok(())
@@ -1072,22 +1081,9 @@ mod tests {
         }
         let q = gpt_oss_block(&quant, 4)?;
         assert!(matches!(q.up_proj.weights, ExpertWeights::Mxfp4 { .. }));
-        let deq = SparseMoe {
-            gate_proj: q.gate_proj.to_dense(Dtype::Float32)?,
-            up_proj: q.up_proj.to_dense(Dtype::Float32)?,
-            down_proj: q.down_proj.to_dense(Dtype::Float32)?,
-            ..q.clone()
-        };
-        for n in [5, 40] {
-            let x = normal(&[n, H], 1.0, 110 + n as u64);
-            let (a, b) = (values(&q.forward(&x)?), values(&deq.forward(&x)?));
-            for (j, (a, b)) in a.iter().zip(&b).enumerate() {
-                assert!(
-                    (a - b).abs() < 1e-3 * (1.0 + b.abs()),
-                    "n={n} [{j}]: mxfp4 gather_qmm {a} vs gather_mm {b}"
-                );
-            }
-        }
+        assert_equals_dequantized(&q, 110, "mxfp4 gather_qmm", |a, b| {
+            (a - b).abs() < 1e-3 * (1.0 + b.abs())
+        })?;
         // Scales of the wrong width, and a bias of the wrong length, are
         // named.
         let mut bad = quant.clone();
