@@ -17,7 +17,7 @@
 # (docs/gpu.md). Env: MLXHOST_BIN (target/release/mlxhost), MLX_LM_PYTHON (python3 with mlx-lm
 # and MLX's GPU build), GGUF, MLX_DIR, LEVELS ("1 4 8 16"), MAX_TOKENS (128), ROUNDS (3: rounds
 # per level, so C=1 is a median over three requests), ROUNDS_SIDE_BY_SIDE (16), PREFILL (4096),
-# PLUGINS (plugins), EXTRA_SERVE_ARGS (more `mlxhost serve` flags). For a real-shape directory
+# PLUGINS (plugins), EXTRA_SERVE_ARGS (more `mlxhost serve` flags), SKIP_STEP (1: no section 1). For a real-shape directory
 # (benches/make_real_shape.py) set MLX_DIR to it. Prints JSON lines and concurrency.py's table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,17 +39,21 @@ wait_up() {  # $1 = url, $2 = log; prints seconds waited
   echo "server at $1 did not come up:" >&2; tail -20 "$2" >&2; exit 1
 }
 
-echo "# 1. model step alone"
-"$BIN" bench --model "$MLX_DIR" --prompt-tokens 512 --decode-tokens 128
-"$BIN" bench --model "$MLX_DIR" --prompt-tokens 512 --decode-tokens 128 --batch 8
-"$PY" -m mlx_lm.benchmark --model "$MLX_DIR" --prompt-tokens 512 --generation-tokens 128 --num-trials 3
-"$PY" -m mlx_lm.benchmark --model "$MLX_DIR" --prompt-tokens 512 --generation-tokens 128 --num-trials 3 --batch-size 8
+# mlx-lm through benches/mlx_lm_run.py: its quantized mixture-of-experts layers need the shim.
+MLX_LM=("$PY" benches/mlx_lm_run.py)
+if [ "${SKIP_STEP:-0}" != 1 ]; then  # SKIP_STEP=1: benches/device/real_shapes.sh measured it
+  echo "# 1. model step alone"
+  "$BIN" bench --model "$MLX_DIR" --prompt-tokens 512 --decode-tokens 128
+  "$BIN" bench --model "$MLX_DIR" --prompt-tokens 512 --decode-tokens 128 --batch 8
+  "${MLX_LM[@]}" benchmark --model "$MLX_DIR" --prompt-tokens 512 --generation-tokens 128 --num-trials 3
+  "${MLX_LM[@]}" benchmark --model "$MLX_DIR" --prompt-tokens 512 --generation-tokens 128 --num-trials 3 --batch-size 8
+fi
 
 echo "# 2. servers: ready, first request, ${PREFILL:-4096}-token prefill"
 "$BIN" serve --model "$MLX_DIR" --plugins "${PLUGINS:-plugins}" --port 18080 ${EXTRA_SERVE_ARGS:-} 2>"$LOGS/mlxhost.log" & PIDS+=($!)
 echo "{\"server\": \"mlxhost\", \"ready_s\": $(wait_up http://127.0.0.1:18080/health "$LOGS/mlxhost.log")}"
 python3 benches/gpu_requests.py first http://127.0.0.1:18080
-"$PY" -m mlx_lm.server --model "$MLX_DIR" --port 18081 2>"$LOGS/mlx-lm.log" & PIDS+=($!); MLXLM_PID=$!
+"${MLX_LM[@]}" server --model "$MLX_DIR" --port 18081 2>"$LOGS/mlx-lm.log" & PIDS+=($!); MLXLM_PID=$!
 echo "{\"server\": \"mlx_lm.server\", \"ready_s\": $(wait_up http://127.0.0.1:18081/v1/models "$LOGS/mlx-lm.log")}"
 python3 benches/gpu_requests.py first http://127.0.0.1:18081
 for url in http://127.0.0.1:18080 http://127.0.0.1:18081; do

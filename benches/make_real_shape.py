@@ -40,6 +40,30 @@ SHAPES = {
         "vocab_size": 152064, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
         "max_position_embeddings": 32768, "tie_word_embeddings": False,
     },
+    # Mixture of experts (issue 37): Qwen3-30B-A3B (Qwen3-Coder-30B-A3B has the same shape).
+    "qwen3-30b-a3b": {
+        "model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48,
+        "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+        "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "num_attention_heads": 32, "num_key_value_heads": 4,
+        "head_dim": 128, "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960, "tie_word_embeddings": False,
+    },
+    # gpt-oss-20b: experts in MXFP4 (how it ships), the rest 8-bit affine, as mlx-community's
+    # MXFP4-Q8 conversion. Its own vocabulary (201088) is kept, so the head streams the real bytes;
+    # the copied tokenizer covers the first 151k ids, enough for `bench` and `mlx_lm.benchmark`.
+    "gpt-oss-20b": {
+        "model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 24,
+        "intermediate_size": 2880, "num_attention_heads": 64, "num_key_value_heads": 8,
+        "head_dim": 64, "num_local_experts": 32, "num_experts_per_tok": 4,
+        "experts_per_token": 4, "vocab_size": 201088, "rms_norm_eps": 1e-5,
+        "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 12,
+        "rope_theta": 150000, "swiglu_limit": 7.0, "attention_bias": True,
+        "max_position_embeddings": 131072, "initial_context_length": 4096,
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "original_max_position_embeddings": 4096, "truncate": False},
+        "tie_word_embeddings": False,
+    },
     # For checking this script on a CPU in seconds.
     "tiny": {
         "model_type": "qwen2", "hidden_size": 128, "num_hidden_layers": 2,
@@ -47,7 +71,39 @@ SHAPES = {
         "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
         "max_position_embeddings": 32768, "tie_word_embeddings": True,
     },
+    "tiny-moe": {
+        "model_type": "qwen3_moe", "hidden_size": 128, "num_hidden_layers": 2,
+        "intermediate_size": 256, "moe_intermediate_size": 64, "num_experts": 8,
+        "num_experts_per_tok": 2, "norm_topk_prob": True, "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 32, "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960, "tie_word_embeddings": False,
+    },
+    "tiny-gpt-oss": {
+        "model_type": "gpt_oss", "hidden_size": 128, "num_hidden_layers": 2,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "experts_per_token": 2, "vocab_size": 201088, "rms_norm_eps": 1e-5,
+        "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"],
+        "rope_theta": 150000, "swiglu_limit": 7.0, "attention_bias": True,
+        "max_position_embeddings": 131072, "initial_context_length": 4096,
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "original_max_position_embeddings": 4096, "truncate": False},
+        "tie_word_embeddings": False,
+    },
 }
+
+
+def quantization(config):
+    """How a shape is quantized: (group_size, bits, mode, per-module predicate or None).
+    gpt-oss: MXFP4 experts (group 32, no biases), everything else 8-bit affine (group 64)."""
+    if config["model_type"] == "gpt_oss":
+        def predicate(path, module):
+            if ".mlp.experts." in path + ".":
+                return {"group_size": 32, "bits": 4, "mode": "mxfp4"}
+            return {"group_size": 64, "bits": 8, "mode": "affine"}
+        return 64, 8, "affine", predicate
+    return 64, 4, "affine", None
 
 
 def build(name, out, tokenizer_dir, seed=0):
@@ -61,11 +117,18 @@ def build(name, out, tokenizer_dir, seed=0):
     model.update(
         tree_map(lambda p: (mx.random.normal(p.shape) * 0.02).astype(mx.bfloat16), model.parameters())
     )
-    nn.quantize(model, group_size=64, bits=4)
+    group_size, bits, mode, predicate = quantization(config)
+    if predicate is None:
+        nn.quantize(model, group_size=group_size, bits=bits, mode=mode)
+        config["quantization"] = {"group_size": group_size, "bits": bits}
+    else:
+        # mlx-lm's own quantize_model writes the per-module entries its loader (and ours) read.
+        from mlx_lm.utils import quantize_model
+        model, config = quantize_model(model, config, group_size, bits, mode=mode,
+                                       quant_predicate=predicate)
     os.makedirs(out, exist_ok=True)
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(os.path.join(out, "model.safetensors"), weights, metadata={"format": "mlx"})
-    config["quantization"] = {"group_size": 64, "bits": 4}
     config["torch_dtype"] = "bfloat16"
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)

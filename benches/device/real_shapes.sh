@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine (issue 35), after benches/device/unpack.sh's environment is sourced: makes a
-# random-weight model at a published shape (benches/make_real_shape.py; SHAPE, default qwen3-8b,
-# tokenizer files from $TOK) and measures, on the same files in the same run:
+# random-weight model at a published shape (benches/make_real_shape.py; SHAPE, default qwen3-8b;
+# also qwen2.5-32b, qwen3-30b-a3b, gpt-oss-20b; tokenizer files from $TOK) and measures, on the same files in the same run:
 #   step   the bytes a step streams and the card's bandwidth limit; `mlxhost bench` (also with
 #          MLXHOST_QMV=off: MLX's quantized_matmul; and --lookahead) and `mlx_lm.benchmark` at batch 1 and 8
-#          (BATCHES; prompt 512, 128 tokens)
+#          (BATCHES; prompt 512, 128 tokens; VARIANTS picks among "qmv off lookahead mlx-lm")
 #   memory `mlxhost serve` with its default limits (--memory-limit: 90% of the device, a tenth as
 #          buffer cache): /stats `memory` and nvidia-smi's used memory after warm-up, the first
 #          50 requests' TTFT against warm (benches/first_requests.py), memory after 16
@@ -41,16 +41,19 @@ PY
 }
 if [ "${1:-all}" != memory ]; then
   limits
+  has() { [[ " ${VARIANTS:-qmv off lookahead mlx-lm} " == *" $1 "* ]]; }
   for b in ${BATCHES:-1 8}; do
-    "$BIN" bench --model "$DIR" --prompt-tokens 512 --decode-tokens 128 --batch "$b" 2>"$OUT/bench-$b.log" | tail -1
+    has qmv && "$BIN" bench --model "$DIR" --prompt-tokens 512 --decode-tokens 128 --batch "$b" \
+      2>"$OUT/bench-$b.log" | tail -1
     # The same step with MLX's quantized_matmul in place of mlxhost's mat-vec kernel (model::cuda_qmv).
-    MLXHOST_QMV=off "$BIN" bench --model "$DIR" --prompt-tokens 512 --decode-tokens 128 --batch "$b" \
-      2>"$OUT/bench-$b-mlx-qmv.log" | tail -1 | sed 's/^{/{"mlxhost_qmv": "off", /'
+    has off && MLXHOST_QMV=off "$BIN" bench --model "$DIR" --prompt-tokens 512 --decode-tokens 128 \
+      --batch "$b" 2>"$OUT/bench-$b-mlx-qmv.log" | tail -1 | sed 's/^{/{"mlxhost_qmv": "off", /'
     # Step N+1 built while the device computes step N (serve --decode-lookahead; mlx-lm's loop).
-    "$BIN" bench --model "$DIR" --prompt-tokens 512 --decode-tokens 128 --batch "$b" --lookahead \
-      2>"$OUT/bench-$b-lookahead.log" | tail -1
-    python3 -m mlx_lm.benchmark --model "$DIR" --prompt-tokens 512 --generation-tokens 128 \
-      --num-trials 3 --batch-size "$b" 2>&1 | tail -4
+    has lookahead && "$BIN" bench --model "$DIR" --prompt-tokens 512 --decode-tokens 128 --batch "$b" \
+      --lookahead 2>"$OUT/bench-$b-lookahead.log" | tail -1
+    # mlx-lm through benches/mlx_lm_run.py: its quantized MoE layers need the gather_qmm shim.
+    has mlx-lm && python3 benches/mlx_lm_run.py benchmark --model "$DIR" --prompt-tokens 512 \
+      --generation-tokens 128 --num-trials 3 --batch-size "$b" 2>&1 | tail -4
   done
 fi
 if [ "${1:-all}" != step ]; then
