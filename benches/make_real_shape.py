@@ -106,6 +106,26 @@ def quantization(config):
     return 64, 4, "affine", None
 
 
+def pad_vocabulary(path, vocab_size):
+    """Random weights pick any id of the model's vocabulary, and gpt-oss's (201088) is larger than
+    the copied Qwen tokenizer's: ids it lacks get placeholder BPE entries `<|pad_ID|>` (no merge
+    ever makes them), so both servers can detokenize every id the model emits."""
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        tok = json.load(f)
+    if tok.get("model", {}).get("type") != "BPE":
+        return
+    taken = set(tok["model"]["vocab"].values()) | {t["id"] for t in tok.get("added_tokens", [])}
+    missing = [i for i in range(vocab_size) if i not in taken]
+    if not missing:
+        return
+    for i in missing:
+        tok["model"]["vocab"][f"<|pad_{i}|>"] = i
+    with open(path, "w") as f:
+        json.dump(tok, f, ensure_ascii=False)
+
+
 def build(name, out, tokenizer_dir, seed=0):
     import importlib
 
@@ -138,6 +158,7 @@ def build(name, out, tokenizer_dir, seed=0):
         src = os.path.join(tokenizer_dir, f)
         if os.path.isfile(src):
             shutil.copy(src, os.path.join(out, f))
+    pad_vocabulary(os.path.join(out, "tokenizer.json"), config["vocab_size"])
     size = os.path.getsize(os.path.join(out, "model.safetensors"))
     print(json.dumps({"shape": name, "dir": out, "weights_bytes": size,
                       "parameters": sum(v.size for v in weights.values())}))
