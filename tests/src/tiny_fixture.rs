@@ -75,6 +75,11 @@ pub fn assert_matches(label: &str, ours: &[ScoreOutput], theirs: &[ScoreOutput],
 /// tokens, and separately the prompts prefilled together), equal each row
 /// scored alone (`--decode`), within 1e-4 nats.
 pub fn assert_batched_equals_alone(model: &str, rows: &str, batch_size: &str) {
+    assert_batched_equals_alone_within(model, rows, batch_size, 1e-4);
+}
+
+/// [`assert_batched_equals_alone`] within `tol` nats.
+pub fn assert_batched_equals_alone_within(model: &str, rows: &str, batch_size: &str, tol: f32) {
     let alone = score(model, rows, &["--decode"]);
     let batched = score(
         model,
@@ -87,9 +92,9 @@ pub fn assert_batched_equals_alone(model: &str, rows: &str, batch_size: &str) {
             "7",
         ],
     );
-    assert_scores_close(&batched, &alone, 1e-4);
+    assert_scores_close(&batched, &alone, tol);
     let prefilled_together = score(model, rows, &["--batch-size", batch_size]);
-    assert_scores_close(&prefilled_together, &alone, 1e-4);
+    assert_scores_close(&prefilled_together, &alone, tol);
 }
 
 /// A copy of fixture directory `name` (its tokenizer files and rows.jsonl)

@@ -22,6 +22,7 @@
 use mlx_rs::{ops, ops::indexing::IndexOp, ops::indexing::TryIndexMutOp, Array, Dtype};
 
 use super::slab::SlabLink;
+use super::state::{LayerState, RowStates};
 use crate::model::error::{ModelError, Result};
 
 /// What one layer of a [`KvCache`] keeps.
@@ -37,6 +38,10 @@ pub enum LayerKind {
         /// Keys a query sees, itself included (Gemma 3: 512).
         window: usize,
     },
+    /// A gated-DeltaNet layer's fixed-size recurrent state (conv and
+    /// recurrent state, [`super::state`]) instead of keys and values: it
+    /// cannot be trimmed back, only restored from a checkpoint.
+    Recurrent,
 }
 
 impl LayerKind {
@@ -46,6 +51,7 @@ impl LayerKind {
         match self {
             LayerKind::Full => "full".into(),
             LayerKind::SlidingWindow { window } => format!("sliding{window}"),
+            LayerKind::Recurrent => "recurrent".into(),
         }
     }
 }
@@ -89,6 +95,9 @@ pub struct KvCache {
     /// ([`super::slab`]): the slab holds this row's keys and values, and
     /// `layers` holds no buffers until [`KvCache::detach`].
     slab: Option<SlabLink>,
+    /// The recurrent layers' states and checkpoints, when some layer is
+    /// [`LayerKind::Recurrent`].
+    states: Option<RowStates>,
 }
 
 impl Clone for KvCache {
@@ -108,6 +117,7 @@ impl Clone for KvCache {
             layers,
             offset: self.offset,
             slab: None,
+            states: self.states.clone(),
         }
     }
 }
@@ -138,6 +148,9 @@ impl KvCache {
                 .collect(),
             offset: 0,
             slab: None,
+            states: kinds
+                .contains(&LayerKind::Recurrent)
+                .then(|| RowStates::new(kinds.len())),
         }
     }
 
@@ -164,6 +177,9 @@ impl KvCache {
                 .collect(),
             offset,
             slab: None,
+            states: kinds
+                .contains(&LayerKind::Recurrent)
+                .then(|| RowStates::new(kinds.len())),
         }
     }
 
@@ -264,14 +280,69 @@ impl KvCache {
 
     /// How many of the first `shared` positions a reuse can keep: `shared`
     /// when the cache can be trimmed to it ([`KvCache::min_resume`]), else
-    /// 0 (nothing shorter can be resumed either).
+    /// 0 (nothing shorter can be resumed either). With recurrent layers,
+    /// the longest checkpoint at most `shared` ([`RowStates::resumable`]):
+    /// a state is never resumed past the point a new prompt diverges.
     pub fn reusable(&self, shared: usize) -> usize {
-        let shared = shared.min(self.offset);
+        let mut shared = shared.min(self.offset);
+        if let Some(states) = &self.states {
+            shared = states.resumable(shared, self.offset);
+        }
         if shared >= self.min_resume() {
             shared
         } else {
             0
         }
+    }
+
+    /// Whether some layer keeps a recurrent state.
+    pub fn has_recurrent(&self) -> bool {
+        self.states.is_some()
+    }
+
+    /// Recurrent layer `layer`'s state; `None` before its first token (or
+    /// for another kind of layer).
+    pub fn state(&self, layer: usize) -> Option<&LayerState> {
+        self.states.as_ref().and_then(|s| s.get(layer))
+    }
+
+    /// Sets recurrent layer `layer`'s state after this step's tokens (call
+    /// [`KvCache::advance`] once every layer is updated).
+    ///
+    /// Errors: [`ModelError::Tensor`] when the cache has no recurrent
+    /// layers (a cache made for another model).
+    pub fn set_state(&mut self, layer: usize, state: LayerState) -> Result<()> {
+        let offset = self.offset;
+        match (&mut self.states, self.layers.get(layer).map(|l| l.kind)) {
+            (Some(states), Some(LayerKind::Recurrent)) => {
+                states.set(layer, state, offset);
+                Ok(())
+            }
+            _ => Err(ModelError::Tensor {
+                name: format!("cache layer {layer}"),
+                reason: "not a recurrent-state layer".into(),
+            }),
+        }
+    }
+
+    /// Positions this cache holds recurrent checkpoints at (empty without
+    /// recurrent layers).
+    pub fn checkpoint_positions(&self) -> Vec<usize> {
+        self.states
+            .as_ref()
+            .map(RowStates::checkpoint_positions)
+            .unwrap_or_default()
+    }
+
+    /// Whether positions at the end can be dropped ([`KvCache::truncate`])
+    /// while keeping those before them (speculative decoding trims rejected
+    /// drafts this way, at most [`KvCache::ROLLBACK`] positions back). A
+    /// kind that folds positions into a running state cannot.
+    pub fn trimmable(&self) -> bool {
+        self.layers.iter().all(|l| match l.kind {
+            LayerKind::Full | LayerKind::SlidingWindow { .. } => true,
+            LayerKind::Recurrent => false,
+        })
     }
 
     /// Number of cached positions (tokens already processed).
@@ -439,16 +510,25 @@ impl KvCache {
 
     /// Marks `t` more positions valid (after every layer got its update).
     pub fn advance(&mut self, t: usize) {
+        if let Some(states) = &mut self.states {
+            states.advance(self.offset, t);
+        }
         self.offset += t;
     }
 
     /// Drops positions at and after `len` (keeps the allocation). With
     /// sliding-window layers, `len` must be at least
-    /// [`KvCache::min_resume`] (see [`KvCache::reusable`]); a shorter one
-    /// empties the cache instead, which is always valid.
+    /// [`KvCache::min_resume`] (see [`KvCache::reusable`]); with
+    /// recurrent layers, a position holding a checkpoint (or the end); any
+    /// other one empties the cache instead, which is always valid.
     pub fn truncate(&mut self, len: usize) {
         self.detach();
-        if len < self.min_resume() {
+        let offset = self.offset;
+        let restored = self.states.as_mut().is_none_or(|s| s.truncate(len, offset));
+        if len < self.min_resume() || !restored {
+            if let Some(states) = &mut self.states {
+                states.reset();
+            }
             for slot in &mut self.layers {
                 slot.start = 0;
             }
@@ -464,12 +544,20 @@ impl KvCache {
         self.layers
             .iter()
             .flat_map(|l| l.keys.iter().chain(l.values.iter()))
+            .chain(self.states.iter().flat_map(RowStates::arrays))
             .collect()
     }
 
-    /// Bytes held by the allocation (capacity, not just valid positions).
+    /// Bytes held by the allocation (capacity, not just valid positions;
+    /// recurrent states and their checkpoints).
     pub fn nbytes(&self) -> usize {
-        self.arrays().iter().map(|a| a.nbytes()).sum()
+        let kv: usize = self
+            .layers
+            .iter()
+            .flat_map(|l| l.keys.iter().chain(l.values.iter()))
+            .map(|a| a.nbytes())
+            .sum();
+        kv + self.states.as_ref().map_or(0, |s| s.nbytes(self.offset))
     }
 }
 

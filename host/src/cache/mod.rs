@@ -1,13 +1,14 @@
-//! KV cache kinds (per-row full cache today; sliding-window, SSM state and
-//! quantized kinds plug in beside it), the RAM prompt cache, the SSD cold
-//! tier, the two tiers behind one lookup, and the response store adapters
-//! keep stored responses in.
+//! KV cache kinds (per-row full and sliding-window KV, recurrent state
+//! with checkpoints for hybrid models; quantized kinds plug in beside
+//! them), the RAM prompt cache, the SSD cold tier, the two tiers behind
+//! one lookup, and the response store adapters keep stored responses in.
 
 pub mod kv;
 pub mod prompt;
 pub mod responses;
 pub mod slab;
 pub mod ssd;
+pub mod state;
 pub mod tiers;
 
 pub use kv::{KvCache, KvShape, LayerKind};

@@ -101,6 +101,9 @@ impl RowShape {
                 let kept = match k {
                     LayerKind::Full => tokens,
                     LayerKind::SlidingWindow { window } => tokens.min(*window),
+                    // A fixed-size state per row, not per position (small
+                    // beside the full layers' KV at any real length).
+                    LayerKind::Recurrent => 0,
                 };
                 let per_position = (2 * s.kv_heads * s.head_dim * self.kv_elem_bytes) as u64;
                 kept as u64 * per_position

@@ -163,3 +163,29 @@ impl CausalLm for super::gpt_oss::GptOss {
         super::gpt_oss::GptOss::parameters(self)
     }
 }
+
+impl CausalLm for super::qwen3_5::Qwen35 {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn forward(&self, rows: &mut [RowInput<'_>]) -> Result<Vec<Array>> {
+        super::qwen3_5::Qwen35::forward_ids(self, rows, None)
+    }
+
+    fn forward_device_ids(&self, rows: &mut [RowInput<'_>], ids: &Array) -> Result<Vec<Array>> {
+        super::qwen3_5::Qwen35::forward_ids(self, rows, Some(ids))
+    }
+
+    fn new_cache(&self) -> KvCache {
+        super::qwen3_5::Qwen35::new_cache(self)
+    }
+
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    fn parameters(&self) -> Vec<&Array> {
+        super::qwen3_5::Qwen35::parameters(self)
+    }
+}

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 pub use super::gemma4::config::{is_gemma4, Gemma4Config};
 pub use super::gpt_oss::config::is_gpt_oss;
+pub use super::qwen3_5::config::{is_qwen3_5, LinearAttnConfig};
 
 /// Per-tensor affine quantization: `bits` per weight, one f16 scale and bias
 /// per `group_size` consecutive weights along the input dimension (MLX's
@@ -30,6 +31,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "gemma4_text",
     "gemma4",
     "gpt_oss",
+    "qwen3_5",
 ];
 
 /// Whether `model_type` names Gemma 3's text decoder (mlx-lm's
@@ -124,6 +126,10 @@ pub struct ModelConfig {
     /// sizes and RoPE, softcapping); all absent for other models.
     #[serde(flatten)]
     pub gemma4: Gemma4Config,
+    /// Qwen3.5's gated-DeltaNet layers and partial RoPE; all absent for
+    /// other models.
+    #[serde(flatten)]
+    pub linear_attn: LinearAttnConfig,
 }
 
 /// A `config.json` as [`ModelConfig`] reads it: Gemma 4's nested or
@@ -132,7 +138,8 @@ pub struct ModelConfig {
 /// defaults and its expert fields in [`MoeConfig`] spelling
 /// ([`super::gpt_oss::config::normalize`]); others unchanged.
 pub fn normalize_json(raw: serde_json::Value) -> serde_json::Value {
-    super::gpt_oss::config::normalize(super::gemma4::config::normalize(raw))
+    let raw = super::gemma4::config::normalize(raw);
+    super::qwen3_5::config::normalize(super::gpt_oss::config::normalize(raw))
 }
 
 /// The mixture-of-experts fields of `config.json` (Qwen3-MoE: mlx-lm's
@@ -285,6 +292,9 @@ impl ModelConfig {
         }
         if is_gpt_oss(&self.model_type) {
             super::gpt_oss::config::validate(self)?;
+        }
+        if is_qwen3_5(&self.model_type) {
+            super::qwen3_5::config::validate(self)?;
         }
         if self.model_type == "qwen3_moe" && self.moe.num_experts.unwrap_or(0) == 0 {
             return Err("`num_experts` must be positive for `qwen3_moe`".into());

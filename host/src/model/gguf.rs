@@ -395,6 +395,7 @@ impl Gguf {
             layer_types: None,
             moe,
             gemma4: Default::default(),
+            linear_attn: Default::default(),
         };
         config
             .validate()

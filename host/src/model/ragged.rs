@@ -283,6 +283,12 @@ fn attention_over(
     let t = q.shape()[2] as usize;
     let window = match kind {
         LayerKind::SlidingWindow { window } => window,
+        LayerKind::Recurrent => {
+            return Err(ModelError::Tensor {
+                name: "attention".into(),
+                reason: "a recurrent-state layer has no keys to attend over".into(),
+            })
+        }
         LayerKind::Full => {
             let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
             return Ok(fast::scaled_dot_product_attention(

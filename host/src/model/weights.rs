@@ -207,7 +207,7 @@ impl<'a> Loader<'a> {
     /// `lin` in the layout the compute path multiplies fastest: on the
     /// quantized CPU path with AVX-512 VNNI, quantized weights repacked for
     /// the integer kernel ([`Linear::packed`]); else unchanged.
-    fn pack(&self, lin: Linear) -> Result<Linear> {
+    pub(super) fn pack(&self, lin: Linear) -> Result<Linear> {
         if self.compute == ComputeDtype::Quantized && super::cpu_quant::packing_enabled() {
             lin.packed()
         } else {
@@ -217,7 +217,7 @@ impl<'a> Loader<'a> {
 
     /// [`Loader::pack`] for each product of `p` (after fusing: packed
     /// weights are not fused).
-    fn pack_projections(&self, p: Projections) -> Result<Projections> {
+    pub(super) fn pack_projections(&self, p: Projections) -> Result<Projections> {
         Ok(match p {
             Projections::Fused(lin, widths) => Projections::Fused(self.pack(lin)?, widths),
             Projections::Separate(parts) => Projections::Separate(
@@ -325,6 +325,10 @@ pub fn build_model(
         Ok(Box::new(super::gpt_oss::build_gpt_oss(
             config, tensors, compute,
         )?))
+    } else if super::config::is_qwen3_5(&config.model_type) {
+        Ok(Box::new(super::qwen3_5::build_qwen3_5(
+            config, tensors, compute,
+        )?))
     } else {
         Ok(Box::new(build_llama(config, tensors, compute)?))
     }
@@ -370,7 +374,7 @@ pub fn build_gemma3(
             kind,
             rope_base: match kind {
                 LayerKind::SlidingWindow { .. } => c.rope_local_base_freq.unwrap_or(10_000.0),
-                LayerKind::Full => c.rope_theta,
+                LayerKind::Full | LayerKind::Recurrent => c.rope_theta,
             },
         });
     }
@@ -552,6 +556,18 @@ fn load_linear(tensors: &TensorMap, prefix: &str, in_dim: usize, out_dim: usize)
         });
     }
     let biases = get(tensors, &biases_name)?.clone();
+    for (name, a) in [(format!("{prefix}.scales"), scales), (biases_name, &biases)] {
+        if a.shape() != [out_dim as i32, groups as i32] {
+            return Err(ModelError::Tensor {
+                name,
+                reason: format!(
+                    "expected shape [{out_dim}, {groups}] (one row per output of {wname}), \
+                     found {:?}",
+                    a.shape()
+                ),
+            });
+        }
+    }
     if groups == 0 || !in_dim.is_multiple_of(groups) || !(packed * 32).is_multiple_of(in_dim) {
         return Err(bad(format!(
             "cannot infer quantization: packed width {packed}, {groups} groups, input width {in_dim}"

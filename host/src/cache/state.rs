@@ -1,0 +1,283 @@
+//! The recurrent-state cache kind ([`LayerKind::Recurrent`](super::LayerKind)):
+//! what a gated-DeltaNet layer (Qwen3.5, Qwen3-Next) keeps per row instead
+//! of keys and values. A fixed-size state, whatever the length: the last
+//! `K - 1` inputs of the causal conv1d (`[1, K - 1, C]`, the activation
+//! dtype) and the recurrent state (`[1, H_v, D_v, D_k]`, float32), as
+//! mlx-lm's `ArraysCache(size=2)` holds them.
+//!
+//! A recurrent state cannot be trimmed back: the state at position `p`
+//! is gone once position `p + 1` was fed. So a row keeps **checkpoints**,
+//! the states of every recurrent layer at a few positions, and a cache can
+//! be truncated (a prompt-cache hit, a running row's prefix, a lookahead
+//! dropped at retirement) only to a position it holds a checkpoint of, or
+//! to its end; anything else empties it, which is always valid
+//! ([`RowStates::truncate`]). Checkpoints are taken
+//! - at the end of every prefill chunk (a forward feeding more than one
+//!   token), thinned to one per [`CHECKPOINT_SPACING`] tokens plus the
+//!   newest (the end of the prompt so far, where a conversation's next
+//!   turn resumes), at most [`MAX_CHECKPOINTS`];
+//! - one step back: the states before the last forward, so a decode
+//!   lookahead (one token fed ahead of the sampler) can be taken back.
+//!
+//! Arrays are immutable values in MLX: a checkpoint shares the arrays the
+//! row held at that point, no copy is made.
+
+use mlx_rs::Array;
+
+/// Minimum distance, in tokens, between two kept prefill checkpoints
+/// (the newest is always kept). llama.cpp and oMLX keep one per 2048-ish.
+pub const CHECKPOINT_SPACING: usize = 2048;
+
+/// At most this many prefill checkpoints per row (the oldest beyond go
+/// first, the newest always stays).
+pub const MAX_CHECKPOINTS: usize = 8;
+
+/// One recurrent layer's state for one row.
+#[derive(Debug, Clone)]
+pub struct LayerState {
+    /// The conv1d's last `K - 1` inputs, `[1, K - 1, C]`.
+    pub conv: Array,
+    /// The recurrent state, `[1, H_v, D_v, D_k]` float32.
+    pub ssm: Array,
+}
+
+/// Every recurrent layer's state at one position.
+#[derive(Debug, Clone)]
+struct Checkpoint {
+    pos: usize,
+    /// Per cache layer (`None` for a non-recurrent layer, or one never fed).
+    states: Vec<Option<LayerState>>,
+}
+
+/// A row's recurrent states, per cache layer, with checkpoints.
+#[derive(Debug, Clone, Default)]
+pub struct RowStates {
+    /// Per cache layer; `None` before the first token (zeros).
+    current: Vec<Option<LayerState>>,
+    /// Prefill checkpoints, oldest first.
+    checkpoints: Vec<Checkpoint>,
+    /// The states before the last forward.
+    prev: Option<Checkpoint>,
+}
+
+impl RowStates {
+    /// Empty states for `layers` cache layers.
+    pub fn new(layers: usize) -> Self {
+        RowStates {
+            current: vec![None; layers],
+            ..Default::default()
+        }
+    }
+
+    /// Layer `layer`'s state; `None` before it was first fed.
+    pub fn get(&self, layer: usize) -> Option<&LayerState> {
+        self.current.get(layer).and_then(Option::as_ref)
+    }
+
+    /// Sets layer `layer`'s state after a forward at `offset` (the row's
+    /// position before it). The first set of a forward keeps the states
+    /// before it as the one-step-back checkpoint.
+    pub fn set(&mut self, layer: usize, state: LayerState, offset: usize) {
+        if self.prev.as_ref().is_none_or(|p| p.pos != offset) {
+            self.prev = Some(Checkpoint {
+                pos: offset,
+                states: self.current.clone(),
+            });
+        }
+        if let Some(slot) = self.current.get_mut(layer) {
+            *slot = Some(state);
+        }
+    }
+
+    /// Marks a forward of `t` tokens from `offset` done: a prefill chunk's
+    /// end becomes a checkpoint (thinned, see the module doc).
+    pub fn advance(&mut self, offset: usize, t: usize) {
+        if t < 2 || self.current.iter().all(Option::is_none) {
+            return;
+        }
+        let pos = offset + t;
+        self.checkpoints.retain(|c| c.pos < pos);
+        self.checkpoints.push(Checkpoint {
+            pos,
+            states: self.current.clone(),
+        });
+        // Newest first: keep one only if it is far enough before the last
+        // kept one.
+        let mut kept: Vec<Checkpoint> = Vec::new();
+        for c in self.checkpoints.drain(..).rev() {
+            let far = kept
+                .last()
+                .is_none_or(|k| k.pos >= c.pos + CHECKPOINT_SPACING);
+            if far && kept.len() < MAX_CHECKPOINTS {
+                kept.push(c);
+            }
+        }
+        kept.reverse();
+        self.checkpoints = kept;
+    }
+
+    /// The longest position at most `shared` the states can be resumed
+    /// at, for a cache of `offset` positions: `offset` itself, the
+    /// one-step-back checkpoint or a prefill checkpoint; 0 when none.
+    pub fn resumable(&self, shared: usize, offset: usize) -> usize {
+        let ends = self
+            .checkpoints
+            .iter()
+            .map(|c| c.pos)
+            .chain(self.prev.as_ref().map(|p| p.pos))
+            .chain([offset]);
+        ends.filter(|&p| p <= shared && p <= offset)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Goes back to position `len` (from `offset`): the states of a
+    /// checkpoint there (or nothing to do at `offset`, or fresh states at
+    /// 0). Returns `false` when no checkpoint holds `len`: the caller
+    /// empties the whole cache.
+    pub fn truncate(&mut self, len: usize, offset: usize) -> bool {
+        if len >= offset {
+            return true;
+        }
+        self.checkpoints.retain(|c| c.pos <= len);
+        if len == 0 {
+            self.reset();
+            return true;
+        }
+        let restored = match self.prev.take() {
+            Some(p) if p.pos == len => Some(p.states),
+            _ => self
+                .checkpoints
+                .iter()
+                .find(|c| c.pos == len)
+                .map(|c| c.states.clone()),
+        };
+        match restored {
+            Some(states) => {
+                self.current = states;
+                true
+            }
+            None => {
+                self.reset();
+                false
+            }
+        }
+    }
+
+    /// Fresh states, no checkpoints.
+    pub fn reset(&mut self) {
+        for s in &mut self.current {
+            *s = None;
+        }
+        self.checkpoints.clear();
+        self.prev = None;
+    }
+
+    /// Positions of the prefill checkpoints, oldest first (tests, stats).
+    pub fn checkpoint_positions(&self) -> Vec<usize> {
+        self.checkpoints.iter().map(|c| c.pos).collect()
+    }
+
+    /// Every array held: current states and checkpoints (a checkpoint
+    /// usually shares arrays with the current states or another
+    /// checkpoint; counted once each here regardless).
+    pub fn arrays(&self) -> Vec<&Array> {
+        let states = self
+            .current
+            .iter()
+            .chain(self.checkpoints.iter().flat_map(|c| c.states.iter()))
+            .chain(self.prev.iter().flat_map(|p| p.states.iter()));
+        states.flatten().flat_map(|s| [&s.conv, &s.ssm]).collect()
+    }
+
+    /// Bytes held by a cache of `offset` positions: the current states
+    /// and each checkpoint before `offset` (one at `offset` shares the
+    /// current arrays; the one-step-back states are transient).
+    pub fn nbytes(&self, offset: usize) -> usize {
+        let layer_bytes = |states: &[Option<LayerState>]| -> usize {
+            states
+                .iter()
+                .flatten()
+                .map(|s| s.conv.nbytes() + s.ssm.nbytes())
+                .sum()
+        };
+        let checkpoints: usize = self
+            .checkpoints
+            .iter()
+            .filter(|c| c.pos != offset)
+            .map(|c| layer_bytes(&c.states))
+            .sum();
+        layer_bytes(&self.current) + checkpoints
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(v: f32) -> LayerState {
+        LayerState {
+            conv: Array::from_slice(&[v], &[1, 1, 1]),
+            ssm: Array::from_slice(&[v], &[1, 1, 1, 1]),
+        }
+    }
+
+    fn value(s: &RowStates) -> f32 {
+        s.get(0).map_or(-1.0, |s| s.ssm.as_slice::<f32>()[0])
+    }
+
+    /// Feeds `t` tokens from `offset`; the state's value is the position
+    /// after them.
+    fn feed(s: &mut RowStates, offset: usize, t: usize) -> usize {
+        s.set(0, state((offset + t) as f32), offset);
+        s.advance(offset, t);
+        offset + t
+    }
+
+    #[test]
+    fn truncates_only_to_checkpoints_and_the_step_before() {
+        let mut s = RowStates::new(2);
+        let mut at = feed(&mut s, 0, 100); // prefill chunk: checkpoint at 100
+        at = feed(&mut s, at, 50); // checkpoint at 150 (thinned: 100 too close)
+        assert_eq!(s.checkpoint_positions(), vec![150]);
+        for _ in 0..3 {
+            at = feed(&mut s, at, 1); // decode
+        }
+        assert_eq!(at, 153);
+        assert_eq!(s.resumable(153, at), 153);
+        assert_eq!(s.resumable(152, at), 152, "the step before");
+        assert_eq!(s.resumable(151, at), 150, "the prompt end");
+        assert_eq!(s.resumable(149, at), 0);
+        // One step back (a lookahead dropped).
+        let mut back = s.clone();
+        assert!(back.truncate(152, at));
+        assert_eq!(value(&back), 152.0);
+        // To the prompt end.
+        let mut end = s.clone();
+        assert!(end.truncate(150, at));
+        assert_eq!(value(&end), 150.0);
+        // Anywhere else: nothing held.
+        let mut other = s.clone();
+        assert!(!other.truncate(140, at));
+        assert_eq!(value(&other), -1.0);
+        assert_eq!(other.resumable(1000, 0), 0);
+    }
+
+    #[test]
+    fn prefill_checkpoints_are_spaced_and_capped() {
+        let mut s = RowStates::new(1);
+        let mut at = 0;
+        for _ in 0..40 {
+            at = feed(&mut s, at, 512);
+        }
+        let kept = s.checkpoint_positions();
+        assert_eq!(*kept.last().unwrap_or(&0), at, "the newest is kept");
+        assert!(kept.len() <= MAX_CHECKPOINTS);
+        assert!(kept.windows(2).all(|w| w[1] - w[0] >= CHECKPOINT_SPACING));
+        for &p in &kept {
+            let mut c = s.clone();
+            assert!(c.truncate(p, at));
+            assert_eq!(value(&c), p as f32);
+        }
+    }
+}
