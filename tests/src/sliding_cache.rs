@@ -64,7 +64,8 @@ impl SequenceSink for Sink {
 
 /// A loaded model with the `standard` sampler.
 pub struct Fixture {
-    model: LoadedModel,
+    /// The model.
+    pub model: LoadedModel,
     plugins: Arc<PluginHost>,
     _dir: tempfile::TempDir,
 }
@@ -85,9 +86,9 @@ pub fn fixture(name: &str) -> Fixture {
 }
 
 /// Greedy generation of `max_tokens` after `prompt`, through the scheduler
-/// with `caches` (`None`: a cold run); returns the tokens and how many
-/// prompt tokens came from a cache.
-fn generate(
+/// with `caches` (`None`: a cold run); returns the tokens (id, logprob,
+/// top-2 margin) and how many prompt tokens came from a cache.
+pub fn generate(
     f: &Fixture,
     prompt: &[u32],
     max_tokens: usize,
@@ -110,6 +111,7 @@ fn generate(
             processors: Vec::new(),
             plugin_params: serde_json::json!({}),
             top_logprobs: 2,
+            speculative: Default::default(),
         },
         chain: ChainSource::Plugins(f.plugins.clone()),
         sink: Box::new(Sink(Rc::clone(&record))),
@@ -130,7 +132,7 @@ fn generate(
 
 /// `semantics.md`'s "same": tokens equal until the cold run's first
 /// near-tie, logprobs within [`TOL`] up to there.
-fn assert_same(label: &str, warm: &[(u32, f32, f32)], cold: &[(u32, f32, f32)]) {
+pub fn assert_same(label: &str, warm: &[(u32, f32, f32)], cold: &[(u32, f32, f32)]) {
     assert!(!cold.is_empty(), "{label}: no tokens");
     for (s, (w, c)) in warm.iter().zip(cold).enumerate() {
         assert!(
@@ -212,7 +214,7 @@ pub fn ram_prompt_cache_resumes_as_a_cold_run(f: &Fixture) {
     }
 }
 
-fn open_ssd(model: &LoadedModel, dir: &Path) -> SsdCache {
+pub fn open_ssd(model: &LoadedModel, dir: &Path) -> SsdCache {
     let identity = ModelIdentity {
         model: mlxhost::model::fingerprint::fingerprint(&model.path, &model.format)
             .expect("fingerprint"),

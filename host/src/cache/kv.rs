@@ -164,23 +164,49 @@ impl KvCache {
         starts: &[usize],
         offset: usize,
     ) -> Self {
+        let layers = layers.into_iter().map(Some).collect();
+        Self::from_layer_parts(layers, kinds, starts, offset, None)
+    }
+
+    /// [`KvCache::from_parts`] for a cache with recurrent layers too: a
+    /// recurrent layer's entry in `layers` is `None`, and `states` holds
+    /// its states (see [`RowStates::restored`]).
+    pub fn from_layer_parts(
+        layers: Vec<Option<(Array, Array)>>,
+        kinds: &[LayerKind],
+        starts: &[usize],
+        offset: usize,
+        states: Option<RowStates>,
+    ) -> Self {
+        let recurrent = kinds.contains(&LayerKind::Recurrent);
         KvCache {
             layers: layers
                 .into_iter()
                 .zip(kinds.iter().zip(starts))
-                .map(|((k, v), (&kind, &start))| LayerKv {
-                    keys: Some(k),
-                    values: Some(v),
-                    kind,
-                    start,
+                .map(|(kv, (&kind, &start))| {
+                    let (keys, values) = kv.map_or((None, None), |(k, v)| (Some(k), Some(v)));
+                    LayerKv {
+                        keys,
+                        values,
+                        kind,
+                        start,
+                    }
                 })
                 .collect(),
             offset,
             slab: None,
-            states: kinds
-                .contains(&LayerKind::Recurrent)
-                .then(|| RowStates::new(kinds.len())),
+            states: match (recurrent, states) {
+                (true, Some(s)) => Some(s),
+                (true, None) => Some(RowStates::new(kinds.len())),
+                (false, _) => None,
+            },
         }
+    }
+
+    /// The recurrent layers' states and checkpoints; `None` without
+    /// recurrent layers.
+    pub fn states(&self) -> Option<&RowStates> {
+        self.states.as_ref()
     }
 
     /// Takes this row's keys and values back from the decode slab

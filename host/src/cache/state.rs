@@ -90,30 +90,26 @@ impl RowStates {
     }
 
     /// Marks a forward of `t` tokens from `offset` done: a prefill chunk's
-    /// end becomes a checkpoint (thinned, see the module doc).
+    /// end and its start become checkpoints (thinned, see [`thin`]).
     pub fn advance(&mut self, offset: usize, t: usize) {
         if t < 2 || self.current.iter().all(Option::is_none) {
             return;
         }
         let pos = offset + t;
         self.checkpoints.retain(|c| c.pos < pos);
+        // Where this chunk started (a conversation's previous turn ended
+        // there, or a cache hit resumed) is a checkpoint too.
+        if let Some(p) = &self.prev {
+            let held = p.states.iter().any(Option::is_some);
+            if p.pos == offset && held && self.checkpoints.last().is_none_or(|c| c.pos < offset) {
+                self.checkpoints.push(p.clone());
+            }
+        }
         self.checkpoints.push(Checkpoint {
             pos,
             states: self.current.clone(),
         });
-        // Newest first: keep one only if it is far enough before the last
-        // kept one.
-        let mut kept: Vec<Checkpoint> = Vec::new();
-        for c in self.checkpoints.drain(..).rev() {
-            let far = kept
-                .last()
-                .is_none_or(|k| k.pos >= c.pos + CHECKPOINT_SPACING);
-            if far && kept.len() < MAX_CHECKPOINTS {
-                kept.push(c);
-            }
-        }
-        kept.reverse();
-        self.checkpoints = kept;
+        thin(&mut self.checkpoints);
     }
 
     /// The longest position at most `shared` the states can be resumed
@@ -178,6 +174,61 @@ impl RowStates {
         self.checkpoints.iter().map(|c| c.pos).collect()
     }
 
+    /// Every position the states can be resumed at, for a cache of
+    /// `offset` positions, ascending: the prefill checkpoints, the
+    /// one-step-back states and `offset` itself (0 excluded: resuming there
+    /// needs nothing). What the SSD tier stores of a row.
+    pub fn resume_points(&self, offset: usize) -> Vec<usize> {
+        let mut points: Vec<usize> = self
+            .checkpoints
+            .iter()
+            .map(|c| c.pos)
+            .chain(self.prev.as_ref().map(|p| p.pos))
+            .filter(|&p| p > 0 && p < offset)
+            .collect();
+        if offset > 0 && self.current.iter().any(Option::is_some) {
+            points.push(offset);
+        }
+        points.sort_unstable();
+        points.dedup();
+        points
+    }
+
+    /// The states at `pos` (one of [`RowStates::resume_points`]), per cache
+    /// layer, for a cache of `offset` positions.
+    pub fn states_at(&self, pos: usize, offset: usize) -> Option<&[Option<LayerState>]> {
+        if pos == offset {
+            return Some(&self.current);
+        }
+        self.checkpoints
+            .iter()
+            .chain(self.prev.as_ref())
+            .find(|c| c.pos == pos)
+            .map(|c| c.states.as_slice())
+    }
+
+    /// States restored from stored ones (the SSD tier): `points` holds, per
+    /// position, every cache layer's state; the one at `offset` becomes
+    /// the current states, the others checkpoints. `None` when `offset`
+    /// is not among them.
+    pub fn restored(points: Vec<(usize, Vec<Option<LayerState>>)>, offset: usize) -> Option<Self> {
+        let mut current = None;
+        let mut checkpoints = Vec::new();
+        for (pos, states) in points {
+            if pos == offset {
+                current = Some(states);
+            } else if pos < offset {
+                checkpoints.push(Checkpoint { pos, states });
+            }
+        }
+        checkpoints.sort_by_key(|c| c.pos);
+        Some(RowStates {
+            current: current?,
+            checkpoints,
+            prev: None,
+        })
+    }
+
     /// Every array held: current states and checkpoints (a checkpoint
     /// usually shares arrays with the current states or another
     /// checkpoint; counted once each here regardless).
@@ -211,6 +262,37 @@ impl RowStates {
     }
 }
 
+/// Thins prefill checkpoints (ascending, the newest last): the newest
+/// always stays; an older one stays when it is at least
+/// [`CHECKPOINT_SPACING`] after the last older one kept (oldest first), so
+/// a prompt fed in chunks keeps one about every [`CHECKPOINT_SPACING`]
+/// tokens; beyond [`MAX_CHECKPOINTS`], the one whose neighbours are
+/// closest goes (never the first or the newest), so the rest stay spread
+/// over the whole prompt.
+fn thin(checkpoints: &mut Vec<Checkpoint>) {
+    let Some(newest) = checkpoints.pop() else {
+        return;
+    };
+    let mut kept: Vec<Checkpoint> = Vec::with_capacity(checkpoints.len() + 1);
+    for c in checkpoints.drain(..) {
+        let far = kept
+            .last()
+            .is_none_or(|k| c.pos >= k.pos + CHECKPOINT_SPACING);
+        if far {
+            kept.push(c);
+        }
+    }
+    kept.push(newest);
+    while kept.len() > MAX_CHECKPOINTS {
+        // `kept[i]`'s neighbours' distance, for every inner one.
+        let Some(i) = (1..kept.len() - 1).min_by_key(|&i| kept[i + 1].pos - kept[i - 1].pos) else {
+            break;
+        };
+        kept.remove(i);
+    }
+    *checkpoints = kept;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,8 +320,8 @@ mod tests {
     fn truncates_only_to_checkpoints_and_the_step_before() {
         let mut s = RowStates::new(2);
         let mut at = feed(&mut s, 0, 100); // prefill chunk: checkpoint at 100
-        at = feed(&mut s, at, 50); // checkpoint at 150 (thinned: 100 too close)
-        assert_eq!(s.checkpoint_positions(), vec![150]);
+        at = feed(&mut s, at, 50); // checkpoint at 150 (the newest; 100 the first)
+        assert_eq!(s.checkpoint_positions(), vec![100, 150]);
         for _ in 0..3 {
             at = feed(&mut s, at, 1); // decode
         }
@@ -247,7 +329,8 @@ mod tests {
         assert_eq!(s.resumable(153, at), 153);
         assert_eq!(s.resumable(152, at), 152, "the step before");
         assert_eq!(s.resumable(151, at), 150, "the prompt end");
-        assert_eq!(s.resumable(149, at), 0);
+        assert_eq!(s.resumable(149, at), 100, "the first chunk's end");
+        assert_eq!(s.resumable(99, at), 0);
         // One step back (a lookahead dropped).
         let mut back = s.clone();
         assert!(back.truncate(152, at));
@@ -272,12 +355,47 @@ mod tests {
         }
         let kept = s.checkpoint_positions();
         assert_eq!(*kept.last().unwrap_or(&0), at, "the newest is kept");
-        assert!(kept.len() <= MAX_CHECKPOINTS);
-        assert!(kept.windows(2).all(|w| w[1] - w[0] >= CHECKPOINT_SPACING));
+        assert_eq!(kept.len(), MAX_CHECKPOINTS);
+        assert_eq!(kept[0], 512, "the first stays");
+        // Spread over the whole prompt (20480 tokens): no gap wider than
+        // twice the even spacing.
+        let even = at / (MAX_CHECKPOINTS - 1);
+        assert!(kept.windows(2).all(|w| w[1] - w[0] <= 2 * even), "{kept:?}");
+        // A shorter prompt: one about every CHECKPOINT_SPACING tokens.
+        let mut short = RowStates::new(1);
+        let mut end = 0;
+        for _ in 0..10 {
+            end = feed(&mut short, end, 512);
+        }
+        assert_eq!(short.checkpoint_positions(), vec![512, 2560, 4608, 5120]);
         for &p in &kept {
             let mut c = s.clone();
             assert!(c.truncate(p, at));
             assert_eq!(value(&c), p as f32);
         }
+    }
+
+    /// What the SSD tier stores of a row comes back as the same states.
+    #[test]
+    fn resume_points_round_trip() {
+        let mut s = RowStates::new(2);
+        let mut at = 0;
+        for t in [600, 2000, 300, 1, 1] {
+            at = feed(&mut s, at, t);
+        }
+        let points = s.resume_points(at);
+        assert_eq!(points, vec![600, 2900, 2901, 2902]);
+        let stored: Vec<(usize, Vec<Option<LayerState>>)> = points
+            .iter()
+            .map(|&p| (p, s.states_at(p, at).map(<[_]>::to_vec).unwrap_or_default()))
+            .collect();
+        let back = RowStates::restored(stored, at).expect("the end is stored");
+        assert_eq!(back.resume_points(at), points);
+        for &p in &points {
+            let mut c = back.clone();
+            assert!(c.truncate(p, at));
+            assert_eq!(value(&c), p as f32);
+        }
+        assert!(RowStates::restored(Vec::new(), at).is_none());
     }
 }

@@ -225,7 +225,7 @@ mod tests {
             .unwrap()
             .max(None)
             .unwrap()
-            .item::<f32>()
+            .item_exact::<f32>()
     }
 
     /// The chunked form over whole blocks, a padded tail and a block

@@ -1,11 +1,11 @@
-//! The SSD cache file format, version 2: one file per cache entry (the KV
+//! The SSD cache file format, version 3: one file per cache entry (the KV
 //! of one token sequence), laid out so a restore can `mmap` it and hand
 //! each tensor's bytes to MLX without a copy.
 //!
 //! ```text
 //! offset  size  field
 //! 0       8     magic  b"MLXHKV\r\n" (the CR-LF catches text-mode mangling, as PNG's does)
-//! 8       4     format version, u32 little-endian (this build writes 2, reads 1 and 2)
+//! 8       4     format version, u32 little-endian (this build writes 3, reads 1 to 3)
 //! 12      4     header length H in bytes, u32 little-endian
 //! 16      16    XXH3-128 of the header bytes, little-endian
 //! 32      H     header: UTF-8 JSON (see [`Header`])
@@ -18,7 +18,10 @@
 //! position; `"sliding"`, new in version 2: some layers are sliding-window
 //! layers that dropped their oldest positions, `layer_starts` says from
 //! where each layer's tensors start and `resume_from` how short a restore
-//! may trim the entry), the token ids the KV holds, the file's total
+//! may trim the entry; `"hybrid"`, new in version 3: some layers are
+//! recurrent-state layers (gated DeltaNet), stored as their states at each
+//! of `state_positions`, the only lengths a restore may trim the entry
+//! to), the token ids the KV holds, the file's total
 //! length (a truncated file never passes), and per tensor its dtype, shape,
 //! offset, length and XXH3-128 hash. The header is always verified; tensor
 //! hashes only when asked (`--ssd-cache-verify`), since that reads every
@@ -32,8 +35,9 @@ use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
 /// The first eight bytes of every cache file.
 pub const MAGIC: [u8; 8] = *b"MLXHKV\r\n";
-/// The format version this build writes.
-pub const VERSION: u32 = 2;
+/// The format version this build writes (3: `hybrid` entries and
+/// `state_positions`).
+pub const VERSION: u32 = 3;
 /// The oldest format version this build still reads (version 1: full
 /// caches only, no `layer_starts`; its files load unchanged).
 pub const OLDEST_READABLE: u32 = 1;
@@ -95,6 +99,11 @@ pub struct Header {
     /// version 2; absent: 0, any prefix).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub resume_from: u64,
+    /// `hybrid` kind (version 3): the positions the recurrent layers'
+    /// states are stored at, ascending, the last one the entry's length;
+    /// a restore keeps exactly one of these many tokens (absent: any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub state_positions: Vec<u64>,
     /// Milliseconds since the Unix epoch when it was written.
     pub created_unix_ms: u64,
     /// Total file length, bytes.
@@ -168,6 +177,22 @@ pub struct EntryLayout {
     pub layer_starts: Vec<u64>,
     /// The fewest leading tokens a restore may keep.
     pub resume_from: u64,
+    /// Where recurrent layers' states are stored (empty: no such layers).
+    pub state_positions: Vec<u64>,
+}
+
+impl EntryLayout {
+    /// Whether an entry with this layout can be trimmed to `n` tokens.
+    pub fn resumes_at(&self, n: usize) -> bool {
+        resumes_at(self.resume_from, &self.state_positions, n)
+    }
+}
+
+/// Whether an entry that must keep `resume_from` tokens and holds
+/// recurrent states at `state_positions` (empty: none) can be trimmed to
+/// `n` tokens.
+pub fn resumes_at(resume_from: u64, state_positions: &[u64], n: usize) -> bool {
+    n as u64 >= resume_from && (state_positions.is_empty() || state_positions.contains(&(n as u64)))
 }
 
 /// Writes a complete entry to `out` (the caller renames it into place
@@ -229,6 +254,7 @@ pub fn write_entry(
             tokens: tokens.to_vec(),
             layer_starts: layout.layer_starts.clone(),
             resume_from: layout.resume_from,
+            state_positions: layout.state_positions.clone(),
             created_unix_ms,
             file_len,
             tensors: records,
@@ -498,11 +524,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (path, _) = write_sample(dir.path());
         let mut bytes = std::fs::read(&path).unwrap();
-        bytes[8] = 3;
+        bytes[8] = VERSION as u8 + 1;
         std::fs::write(&path, &bytes).unwrap();
         assert!(matches!(
             read_header(&File::open(&path).unwrap()),
-            Err(FormatError::Version { found: 3 })
+            Err(FormatError::Version { found }) if found == VERSION + 1
         ));
         std::fs::write(&path, b"GGUF and then some other bytes, not ours at all").unwrap();
         assert!(matches!(

@@ -346,19 +346,48 @@ impl SsdCache {
         if kv.kinds() != geometry.kinds {
             return Ok(());
         }
-        let names = restore::tensor_names(geometry.layers());
+        let layout = geometry.layout_of(kv);
+        let names = geometry.tensor_names(&layout.state_positions);
+        let mut names = names.iter();
         let buffers = kv.layer_buffers();
         let mut tensors = Vec::with_capacity(names.len());
         for (layer, buf) in buffers.iter().enumerate() {
+            if geometry.kinds[layer] == crate::cache::LayerKind::Recurrent {
+                // The layer's states at every stored position.
+                let Some(states) = kv.states() else {
+                    return Ok(());
+                };
+                for &p in &layout.state_positions {
+                    let Some(Some(state)) =
+                        states.states_at(p as usize, n).and_then(|at| at.get(layer))
+                    else {
+                        return Ok(());
+                    };
+                    for a in [&state.conv, &state.ssm] {
+                        let Some(name) = names.next() else {
+                            return Ok(());
+                        };
+                        tensors.push(prepare_whole(name, a)?);
+                    }
+                }
+                continue;
+            }
             let Some((k, v)) = buf else { return Ok(()) };
             // Slot 0 holds position `layer_start`: the valid slots come first.
             let held = n - kv.layer_start(layer);
-            for (name, a) in [(&names[2 * layer], *k), (&names[2 * layer + 1], *v)] {
+            for a in [*k, *v] {
+                let Some(name) = names.next() else {
+                    return Ok(());
+                };
                 tensors.push(prepare(name, a, held)?);
             }
         }
         let dtype = restore::dtype_name(self.identity.geometry.dtype).unwrap_or("?");
-        if tensors.iter().any(|t| t.dtype != dtype) {
+        let state = |t: &PreparedTensor| t.name.contains(".ssm@");
+        if tensors
+            .iter()
+            .any(|t| t.dtype != dtype && !(state(t) && t.dtype == "float32"))
+        {
             return Err(SsdError::Dtype(self.identity.geometry.dtype));
         }
         // An entry larger than the whole cap would only evict everything
@@ -372,7 +401,7 @@ impl SsdCache {
         self.writer.submit(WriteJob {
             key,
             digest,
-            layout: geometry.layout_of(kv),
+            layout,
             tokens: tokens.to_vec(),
             tensors,
         });
@@ -389,6 +418,21 @@ impl SsdCache {
 /// The first `n` positions of a KV buffer `[1, H, cap, D]` as byte runs of
 /// an evaluated array: one run per head straight from the buffer when it
 /// is row-contiguous, else one run of a contiguous copy.
+/// A whole array (a recurrent state) as one contiguous tensor.
+fn prepare_whole(name: &str, a: &Array) -> Result<PreparedTensor, SsdError> {
+    let dtype = restore::dtype_name(a.dtype()).ok_or(SsdError::Dtype(a.dtype()))?;
+    let copy = a.contiguous()?;
+    eval([&copy])?;
+    let len = copy.nbytes();
+    Ok(PreparedTensor {
+        name: name.to_string(),
+        dtype: dtype.to_string(),
+        shape: a.shape().iter().map(|&d| d as u64).collect(),
+        array: copy,
+        runs: std::iter::once(0..len).collect(),
+    })
+}
+
 fn prepare(name: &str, buffer: &Array, n: usize) -> Result<PreparedTensor, SsdError> {
     use mlx_rs::ops::indexing::IndexOp;
     let dtype = restore::dtype_name(buffer.dtype()).ok_or(SsdError::Dtype(buffer.dtype()))?;

@@ -15,6 +15,7 @@ use memmap2::{MmapMut, MmapOptions};
 use mlx_rs::{Array, Dtype};
 
 use super::format::{self, EntryKey, EntryLayout, FormatError, Header};
+use crate::cache::state::{LayerState, RowStates};
 use crate::cache::{KvCache, KvShape, LayerKind};
 
 /// The KV layout the running model expects (every restored tensor is
@@ -38,10 +39,12 @@ impl KvGeometry {
     }
 
     /// The cache kind's name in the file: `full` when every layer is,
-    /// else `sliding`.
+    /// `hybrid` when some layer keeps a recurrent state, else `sliding`.
     pub fn kind_name(&self) -> &'static str {
         if self.kinds.iter().all(|k| *k == LayerKind::Full) {
             "full"
+        } else if self.kinds.contains(&LayerKind::Recurrent) {
+            "hybrid"
         } else {
             "sliding"
         }
@@ -68,7 +71,7 @@ impl KvGeometry {
 
     /// What the file records of `kv`'s layers beyond its tensors.
     pub fn layout_of(&self, kv: &KvCache) -> EntryLayout {
-        let sliding = self.kind_name() != "full";
+        let sliding = self.kind_name() == "sliding";
         EntryLayout {
             kind: self.kind_name().into(),
             layer_starts: if sliding {
@@ -79,7 +82,36 @@ impl KvGeometry {
                 Vec::new()
             },
             resume_from: kv.min_resume() as u64,
+            state_positions: kv
+                .states()
+                .map(|s| s.resume_points(kv.offset()))
+                .unwrap_or_default()
+                .into_iter()
+                .map(|p| p as u64)
+                .collect(),
         }
+    }
+
+    /// The tensor names of an entry, in file order: each KV layer's keys
+    /// and values, each recurrent layer's conv and recurrent state at each
+    /// of `state_positions`.
+    pub fn tensor_names(&self, state_positions: &[u64]) -> Vec<String> {
+        let mut names = Vec::new();
+        for (l, kind) in self.kinds.iter().enumerate() {
+            match kind {
+                LayerKind::Recurrent => {
+                    for p in state_positions {
+                        names.push(format!("layers.{l}.conv@{p}"));
+                        names.push(format!("layers.{l}.ssm@{p}"));
+                    }
+                }
+                _ => {
+                    names.push(format!("layers.{l}.keys"));
+                    names.push(format!("layers.{l}.values"));
+                }
+            }
+        }
+        names
     }
 }
 
@@ -93,11 +125,14 @@ pub fn dtype_name(dtype: Dtype) -> Option<&'static str> {
     }
 }
 
-/// The tensor names of a full cache, in file order.
-pub fn tensor_names(layers: usize) -> Vec<String> {
-    (0..layers)
-        .flat_map(|l| [format!("layers.{l}.keys"), format!("layers.{l}.values")])
-        .collect()
+/// The dtype a file's dtype name stands for.
+fn dtype_of(name: &str) -> Option<Dtype> {
+    match name {
+        "float32" => Some(Dtype::Float32),
+        "float16" => Some(Dtype::Float16),
+        "bfloat16" => Some(Dtype::Bfloat16),
+        _ => None,
+    }
 }
 
 unsafe extern "C" fn release_mapping(payload: *mut std::ffi::c_void) {
@@ -151,7 +186,6 @@ fn build_arrays(
     map: &Arc<MmapMut>,
     base: *mut u8,
     tensors: &[format::TensorRecord],
-    dtype: Dtype,
     verify: bool,
 ) -> Result<Vec<Array>, FormatError> {
     let base = base as usize;
@@ -168,6 +202,9 @@ fn build_arrays(
                                 format::verify_tensor(t, &map[range])?;
                             }
                             let shape: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
+                            let dtype = dtype_of(&t.dtype).ok_or_else(|| {
+                                FormatError::Corrupt(format!("dtype {:?}", t.dtype))
+                            })?;
                             borrowed_array(map, base as *mut u8, t.offset as usize, &shape, dtype)
                         })
                         .collect()
@@ -222,15 +259,39 @@ pub fn load(
     let _ = map.advise(memmap2::Advice::WillNeed);
     let map = Arc::new(map);
     let n = header.tokens.len();
-    let arrays = build_arrays(&map, base, &header.tensors, geometry.dtype, verify)?;
+    let arrays = build_arrays(&map, base, &header.tensors, verify)?;
     let mut arrays = arrays.into_iter();
+    let positions = &header.state_positions;
     let mut layers = Vec::with_capacity(geometry.layers());
-    while let (Some(k), Some(v)) = (arrays.next(), arrays.next()) {
-        layers.push((k, v));
+    // Per stored position, every cache layer's state.
+    let mut points: Vec<(usize, Vec<Option<LayerState>>)> = positions
+        .iter()
+        .map(|&p| (p as usize, vec![None; geometry.layers()]))
+        .collect();
+    let short = || FormatError::Corrupt("fewer tensors than its layout".into());
+    for (l, kind) in geometry.kinds.iter().enumerate() {
+        if *kind == LayerKind::Recurrent {
+            for point in &mut points {
+                let conv = arrays.next().ok_or_else(short)?;
+                let ssm = arrays.next().ok_or_else(short)?;
+                point.1[l] = Some(LayerState { conv, ssm });
+            }
+            layers.push(None);
+        } else {
+            let k = arrays.next().ok_or_else(short)?;
+            let v = arrays.next().ok_or_else(short)?;
+            layers.push(Some((k, v)));
+        }
     }
+    let states = match positions.is_empty() {
+        true => None,
+        false => Some(RowStates::restored(points, n).ok_or_else(|| {
+            FormatError::Corrupt("no recurrent states at the entry's end".into())
+        })?),
+    };
     let starts = layer_starts(&header, geometry.layers());
     Ok((
-        KvCache::from_parts(layers, &geometry.kinds, &starts, n),
+        KvCache::from_layer_parts(layers, &geometry.kinds, &starts, n, states),
         header.tokens,
     ))
 }
@@ -263,7 +324,6 @@ fn check_layout(
             geometry.kind_name()
         )));
     }
-    let names = tensor_names(geometry.layers());
     let dtype = dtype_name(geometry.dtype).unwrap_or("?");
     let n = header.tokens.len() as u64;
     let starts_ok = header.layer_starts.is_empty()
@@ -279,24 +339,75 @@ fn check_layout(
     let kinds_ok = starts.iter().zip(&geometry.kinds).all(|(&s, k)| {
         s == 0 || matches!(k, LayerKind::SlidingWindow { window } if header.resume_from as usize >= s + window - 1)
     });
+    // Recurrent states: at ascending positions ending at the entry's end
+    // (and only on a hybrid model).
+    let positions = &header.state_positions;
+    let hybrid = geometry.kind_name() == "hybrid";
+    let positions_ok = match hybrid {
+        true => {
+            positions.last() == Some(&n)
+                && positions.first().is_some_and(|&p| p > 0)
+                && positions.windows(2).all(|w| w[0] < w[1])
+        }
+        false => positions.is_empty(),
+    };
+    let names = geometry.tensor_names(positions);
+    // Layer of each tensor, in file order.
+    let layer_of: Vec<usize> = geometry
+        .kinds
+        .iter()
+        .enumerate()
+        .flat_map(|(l, k)| {
+            let count = match k {
+                LayerKind::Recurrent => 2 * positions.len(),
+                _ => 2,
+            };
+            std::iter::repeat_n(l, count)
+        })
+        .collect();
+    // Every conv state one shape in the activation dtype, every recurrent
+    // state one float32 shape.
+    let first = |suffix: &str| {
+        header
+            .tensors
+            .iter()
+            .find(|t| t.name.contains(suffix))
+            .map(|t| t.shape.clone())
+    };
+    let (conv_shape, ssm_shape) = (first(".conv@"), first(".ssm@"));
+    let tensor_ok = |t: &format::TensorRecord, name: &String, l: usize| -> bool {
+        if &t.name != name {
+            return false;
+        }
+        match geometry.kinds[l] {
+            LayerKind::Recurrent if name.contains(".conv@") => {
+                t.dtype == dtype && t.shape.len() == 3 && Some(&t.shape) == conv_shape.as_ref()
+            }
+            LayerKind::Recurrent => {
+                t.dtype == "float32" && t.shape.len() == 4 && Some(&t.shape) == ssm_shape.as_ref()
+            }
+            _ => {
+                let held = n - starts[l] as u64;
+                let Some(kv) = geometry.shapes.get(l) else {
+                    return false;
+                };
+                let shape = [1, kv.kv_heads as u64, held, kv.head_dim as u64];
+                t.dtype == dtype && t.shape == shape
+            }
+        }
+    };
     let ok = n > 0
         && starts_ok
         && kinds_ok
+        && positions_ok
         && header.resume_from <= n
         && header.tensors.len() == names.len()
         && header
             .tensors
             .iter()
             .zip(&names)
-            .enumerate()
-            .all(|(i, (t, name))| {
-                let held = n - starts[i / 2] as u64;
-                let Some(kv) = geometry.shapes.get(i / 2) else {
-                    return false;
-                };
-                let shape = [1, kv.kv_heads as u64, held, kv.head_dim as u64];
-                &t.name == name && t.dtype == dtype && t.shape == shape
-            });
+            .zip(&layer_of)
+            .all(|((t, name), &l)| tensor_ok(t, name, l));
     if ok {
         Ok(())
     } else {

@@ -45,10 +45,29 @@ pub struct StoredEntry {
     /// The fewest leading tokens a restore may keep (sliding-window
     /// layers; 0: any prefix).
     pub resume_from: usize,
+    /// Where a hybrid entry's recurrent states are stored: the only
+    /// lengths it can be trimmed to (empty: any from `resume_from`).
+    pub state_positions: Vec<u64>,
     /// File length, bytes.
     pub bytes: u64,
     /// Last write or restore (LRU order).
     pub last_used: SystemTime,
+}
+
+impl StoredEntry {
+    /// The longest length at most `shared` this entry can be trimmed to
+    /// (a hybrid entry: the last state position at most `shared`; 0: none).
+    pub fn usable(&self, shared: usize) -> usize {
+        if self.state_positions.is_empty() {
+            return shared;
+        }
+        self.state_positions
+            .iter()
+            .map(|&p| p as usize)
+            .filter(|&p| p <= shared)
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 /// Counters the store keeps (see `SsdCacheStats`).
@@ -333,7 +352,7 @@ impl Store {
         self.entries
             .iter()
             .filter(|e| e.digest == digest)
-            .map(|e| (common_prefix(&e.tokens, prompt).min(limit), e))
+            .map(|e| (e.usable(common_prefix(&e.tokens, prompt).min(limit)), e))
             .filter(|(n, e)| *n > 0 && *n >= e.resume_from)
             .max_by_key(|(n, e)| (*n, e.last_used))
             .map(|(n, e)| (n, e.clone()))
@@ -343,7 +362,9 @@ impl Store {
     /// sequence starting with them that can be trimmed back to them).
     pub fn covers(&self, digest: &str, tokens: &[u32]) -> bool {
         self.entries.iter().any(|e| {
-            e.digest == digest && e.tokens.starts_with(tokens) && e.resume_from <= tokens.len()
+            e.digest == digest
+                && e.tokens.starts_with(tokens)
+                && format::resumes_at(e.resume_from as u64, &e.state_positions, tokens.len())
         })
     }
 
@@ -393,7 +414,7 @@ impl Store {
         path: PathBuf,
         digest: &str,
         tokens: Vec<u32>,
-        resume_from: usize,
+        layout: &format::EntryLayout,
         bytes: u64,
     ) -> Vec<PathBuf> {
         let tokens: Arc<[u32]> = tokens.into();
@@ -405,7 +426,7 @@ impl Store {
                     && tokens.starts_with(&e.tokens)
                     && e.path != path
                     // Covered only if the new entry can be trimmed back to it.
-                    && resume_from <= e.tokens.len()
+                    && layout.resumes_at(e.tokens.len())
             })
             .map(|e| e.path.clone())
             .collect();
@@ -415,7 +436,8 @@ impl Store {
             path,
             digest: digest.to_string(),
             tokens,
-            resume_from,
+            resume_from: layout.resume_from as usize,
+            state_positions: layout.state_positions.clone(),
             bytes,
             last_used: SystemTime::now(),
         });
@@ -559,6 +581,7 @@ fn read_entry(path: &Path, digest: &str) -> Result<StoredEntry, FormatError> {
         digest: digest.to_string(),
         tokens: header.tokens.into(),
         resume_from: header.resume_from as usize,
+        state_positions: header.state_positions,
         bytes: meta.len(),
         last_used: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
     })

@@ -202,9 +202,11 @@ fn coalesce(mut jobs: Vec<WriteJob>) -> (Vec<WriteJob>, Vec<WriteJob>) {
     // Longest first, so each job only checks against kept ones.
     jobs.sort_by_key(|j| std::cmp::Reverse(j.tokens.len()));
     for j in jobs {
-        let covered = keep
-            .iter()
-            .any(|k| k.digest == j.digest && k.tokens.starts_with(&j.tokens));
+        let covered = keep.iter().any(|k| {
+            k.digest == j.digest
+                && k.tokens.starts_with(&j.tokens)
+                && k.layout.resumes_at(j.tokens.len())
+        });
         if covered {
             dropped.push(j);
         } else {
@@ -294,13 +296,7 @@ fn write_one(store: &Mutex<Store>, job: WriteJob) {
         let victims = store
             .lock()
             .map_err(|_| std::io::Error::other("the SSD cache index is poisoned"))?
-            .commit(
-                path,
-                &job.digest,
-                job.tokens.clone(),
-                job.layout.resume_from as usize,
-                bytes,
-            );
+            .commit(path, &job.digest, job.tokens.clone(), &job.layout, bytes);
         store::remove_files(&victims);
         Ok(())
     });
