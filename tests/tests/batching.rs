@@ -110,6 +110,7 @@ fn request(
         processors: processors.iter().map(|s| s.to_string()).collect(),
         plugin_params,
         top_logprobs: 2,
+        speculative: Default::default(),
     }
 }
 

@@ -141,6 +141,7 @@ pub fn run(args: BenchChainArgs) -> anyhow::Result<()> {
         .to_vec(),
         plugin_params: serde_json::json!({}),
         top_logprobs: 0,
+        speculative: mlxhost::engine::speculative::SpecRequest::off(),
     };
     let effective = engine::effective_params(&model, &req);
     let (mut ratios, mut shares, mut wasm_tps, mut native_tps) =

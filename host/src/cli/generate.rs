@@ -55,6 +55,13 @@ pub struct GenerateArgs {
     /// Stop string (repeatable).
     #[arg(long)]
     stop: Vec<String>,
+    /// Speculative decoding: the drafter plugin (e.g. `prompt-lookup`;
+    /// `none`: off). Output is unchanged; see docs/speculative.md.
+    #[arg(long, default_value = "none")]
+    drafter: String,
+    /// The most tokens drafted per step (llama.cpp's `--draft-max`).
+    #[arg(long, alias = "draft", default_value_t = mlxhost::engine::speculative::DEFAULT_DRAFT_MAX)]
+    draft_max: usize,
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
@@ -107,6 +114,10 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         processors: args.logits_processors.clone(),
         plugin_params,
         top_logprobs: 0,
+        speculative: mlxhost::engine::speculative::SpecRequest {
+            drafter: (args.drafter != "none").then(|| args.drafter.clone()),
+            max_draft: args.draft_max,
+        },
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

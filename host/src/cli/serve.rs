@@ -194,6 +194,16 @@ pub struct ServeArgs {
     /// regex, grammars) when a request names none.
     #[arg(long, value_name = "NAME", default_value = "grammar")]
     grammar_plugin: String,
+    /// Speculative decoding: the drafter plugin a request gets when it
+    /// names none (e.g. `prompt-lookup`; `none`: off). Output is unchanged,
+    /// only its speed; see docs/speculative.md.
+    #[arg(long, value_name = "NAME", default_value = "none")]
+    drafter: String,
+    /// The most tokens drafted per step when a request does not say
+    /// (llama.cpp's `--draft-max`); each row adapts its draft length below
+    /// it from its acceptance rate.
+    #[arg(long, alias = "draft", value_name = "N", default_value_t = mlxhost::engine::speculative::DEFAULT_DRAFT_MAX)]
+    draft_max: usize,
     /// Deadline per sampler call, ms.
     #[arg(long, default_value_t = 1000)]
     sampler_deadline_ms: u64,
@@ -377,6 +387,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     for s in &plugins.skipped {
         eprintln!("warning: plugin {} skipped: {}", s.dir.display(), s.reason);
     }
+    if args.drafter != "none" {
+        if let Err(e) = plugins.get(&args.drafter, Kind::Drafter) {
+            anyhow::bail!("--drafter {}: {e}", args.drafter);
+        }
+    }
+    if args.draft_max > mlxhost::plugin::services::MAX_DRAFT_TOKENS as usize {
+        anyhow::bail!(
+            "--draft-max {}: at most {} draft tokens per step",
+            args.draft_max,
+            mlxhost::plugin::services::MAX_DRAFT_TOKENS
+        );
+    }
     if let Err(e) = plugins.get(&args.sampler, Kind::Sampler) {
         anyhow::bail!("--sampler {}: {e}", args.sampler);
     }
@@ -497,6 +519,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             strict_max_tokens: args.strict_max_tokens,
             keep_prompt_metadata: args.keep_prompt_metadata,
             grammar_plugin: args.grammar_plugin.clone(),
+            drafter: (args.drafter != "none").then(|| args.drafter.clone()),
+            draft_max: args.draft_max,
         },
         body_limit: args.body_limit << 20,
         intake: mlxhost::server::intake::Intake::new(

@@ -58,7 +58,27 @@ pub fn generate(
         &params,
         &req.plugin_params,
     )?;
-    generate_with(model, &mut chain, req, prompt_cache, on_event, cancelled)
+    let spec = match req.speculative.drafter.as_deref() {
+        Some(name) if req.speculative.enabled() => {
+            let d = crate::plugin::drafter::PluginDrafter::new(
+                plugins,
+                name,
+                req.prompt_ids.len(),
+                model.model.config().vocab_size,
+                &req.plugin_params,
+            )?;
+            Some(super::speculative::RowSpec::new(
+                Box::new(d),
+                req.speculative.max_draft,
+            ))
+        }
+        _ => None,
+    };
+    let source = match spec {
+        Some(spec) => ChainSource::ReadyDrafting(Box::new(&mut chain), spec),
+        None => ChainSource::Ready(Box::new(&mut chain)),
+    };
+    run_one(model, source, req, prompt_cache, on_event, cancelled)
 }
 
 /// [`generate`] with a given token chain (benchmarks: a native chain).

@@ -21,6 +21,7 @@ pub mod grammar;
 pub mod request;
 pub mod scheduler;
 pub mod sequence;
+pub mod speculative;
 mod step;
 mod warmup;
 pub mod worker;

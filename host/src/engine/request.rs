@@ -32,6 +32,9 @@ pub struct GenerateRequest {
     pub plugin_params: serde_json::Value,
     /// Alternatives to report per token (raw distribution); 0 = none.
     pub top_logprobs: usize,
+    /// Speculative decoding: the drafter and the most drafts per step
+    /// (`engine::speculative`); off by default.
+    pub speculative: super::speculative::SpecRequest,
 }
 
 /// Why generation stopped.

@@ -11,15 +11,19 @@
 //!    (FIFO) while the batch has room (`max_batch`, `--batch`): validates
 //!    the request, instantiates its plugin chain, and consults the prompt
 //!    cache (both tiers) for the longest cached prefix;
-//! 4. plans the forward: every decoding row feeds its one sampled token;
+//! 4. plans the forward: every decoding row feeds its one sampled token
+//!    (and, when it speculates, the drafts its drafter proposed for this
+//!    step: `engine::speculative`);
 //!    prefilling rows feed prompt chunks from a per-step budget
 //!    (`prefill_budget` tokens while other rows decode, so a long prompt
 //!    does not freeze the streams already running; up to `prefill_chunk`
 //!    per row when nothing decodes);
 //! 5. runs the step (`step::run`: one forward, each row's chain, one
 //!    evaluation);
-//! 6. hands every chosen token to its row and retires rows that finished,
-//!    stopped or failed; finished rows' KV goes to the prompt cache.
+//! 6. hands every chosen token to its row (for a row verifying drafts,
+//!    position by position while the chosen tokens equal the drafts:
+//!    `step::verify_round`) and retires rows that finished, stopped or
+//!    failed; finished rows' KV goes to the prompt cache.
 //!
 //! The shape follows vLLM v1's scheduler (`v1/core/sched/interface.py`:
 //! `schedule`, `update_from_output`, `finish_requests`) and mistral.rs's
@@ -37,6 +41,7 @@ use super::request::{
     GenerateRequest,
 };
 use super::sequence::{Phase, Sequence, SequenceSink};
+use super::speculative::{RowSpec, SpecGate, SpecStats};
 use super::step::{self, RowOutcome, StepTiming};
 use crate::cache::prompt::{Reuse, ReuseSource};
 use crate::cache::PrefixCache;
@@ -118,6 +123,9 @@ pub enum ChainSource<'s> {
     Plugins(Arc<PluginHost>),
     /// A chain built by the caller (benchmarks' native chain).
     Ready(Box<dyn TokenChain + 's>),
+    /// A chain and a drafter built by the caller (`mlxhost generate`
+    /// with `--drafter`).
+    ReadyDrafting(Box<dyn TokenChain + 's>, RowSpec),
     /// The request's plugins, under a grammar: a session of the constraint
     /// plugin masks each step's logits first ([`super::grammar`]).
     Constrained(Arc<PluginHost>, ConstraintRequest),
@@ -199,6 +207,8 @@ pub struct SchedulerStats {
     pub recent: Vec<RecentRequest>,
     /// Step timing per number of rows in the step, ascending.
     pub by_batch_size: Vec<BatchSizeStats>,
+    /// Speculative decoding: drafted, accepted, acceptance rate.
+    pub speculative: SpecStats,
 }
 
 #[derive(Default)]
@@ -249,6 +259,9 @@ pub struct Scheduler<'s> {
     decode_tokens: u64,
     last_prefill: usize,
     by_size: BTreeMap<usize, SizeAcc>,
+    /// Whether speculation pays at each batch size.
+    gate: SpecGate,
+    spec: SpecStats,
 }
 
 impl<'s> Scheduler<'s> {
@@ -279,6 +292,8 @@ impl<'s> Scheduler<'s> {
             decode_tokens: 0,
             last_prefill: 0,
             by_size: BTreeMap::new(),
+            gate: SpecGate::default(),
+            spec: SpecStats::default(),
         }
     }
 
@@ -328,6 +343,8 @@ impl<'s> Scheduler<'s> {
             return report;
         }
         let take = self.plan();
+        let drafted = self.propose_drafts(&take);
+        self.spec.verify_steps += u64::from(drafted > 0);
         // Rows fed this step, and rows reading a token a lookahead chose.
         report.rows = self
             .running
@@ -366,22 +383,70 @@ impl<'s> Scheduler<'s> {
         };
         let mut retire: Vec<(usize, Result<FinishReason, GenerateError>)> = Vec::new();
         let mut chosen = 0u64;
-        for (i, outcome) in outcomes.into_iter().enumerate() {
-            match outcome {
-                RowOutcome::Idle | RowOutcome::Fed | RowOutcome::Deferred => {}
-                RowOutcome::Failed(e) => retire.push((i, Err(e))),
-                RowOutcome::Token(info, sampled) => {
-                    chosen += 1;
-                    match self.running[i].take_token(info, sampled, model) {
-                        Ok(Some(finish)) => retire.push((i, Ok(finish))),
-                        Ok(None) => {}
-                        Err(e) => retire.push((i, Err(e))),
+        let mut outcomes: Vec<(usize, RowOutcome)> = outcomes.into_iter().enumerate().collect();
+        // Verifying rows choose position after position while their chosen
+        // tokens equal their drafts (one round per position, all such rows
+        // evaluated together).
+        loop {
+            let mut verifying: Vec<usize> = Vec::new();
+            for (i, outcome) in outcomes.drain(..) {
+                match outcome {
+                    // A deferred row's verification resumes next step.
+                    RowOutcome::Idle | RowOutcome::Fed | RowOutcome::Deferred => continue,
+                    RowOutcome::Failed(e) => retire.push((i, Err(e))),
+                    RowOutcome::Token(info, sampled) => {
+                        chosen += 1;
+                        match self.running[i].take_token(info, sampled, model) {
+                            Ok(Some(finish)) => retire.push((i, Ok(finish))),
+                            Ok(None) => {
+                                if self.running[i]
+                                    .verify
+                                    .as_ref()
+                                    .is_some_and(|v| v.continues())
+                                {
+                                    verifying.push(i);
+                                }
+                            }
+                            Err(e) => retire.push((i, Err(e))),
+                        }
                     }
                 }
+                if !verifying.contains(&i) {
+                    self.end_verify(i);
+                }
             }
+            if verifying.is_empty() {
+                break;
+            }
+            outcomes = match step::verify_round(
+                model,
+                &mut self.running,
+                &verifying,
+                self.config.plugin_step,
+            ) {
+                Ok(o) => o,
+                Err(e) => {
+                    let message = e.to_string();
+                    tracing::error!(error = %message, rows = verifying.len(), "a verification round failed; its rows fail");
+                    verifying
+                        .iter()
+                        .map(|&i| {
+                            (
+                                i,
+                                RowOutcome::Failed(GenerateError::Internal(message.clone())),
+                            )
+                        })
+                        .collect()
+                }
+            };
         }
+        retire.sort_by_key(|(i, _)| *i);
         let elapsed = started.elapsed();
         self.record(&report, chosen, elapsed);
+        if report.prefill_tokens == 0 && report.rows > 0 {
+            self.gate
+                .record(report.rows, chosen as usize, elapsed, drafted > 0);
+        }
         report.retired += retire.len();
         // Highest index first, so the indices left stay valid.
         for (i, result) in retire.into_iter().rev() {
@@ -416,6 +481,59 @@ impl<'s> Scheduler<'s> {
         self.recent.clear();
         self.tokens_from_running_rows = 0;
         self.by_size.clear();
+        self.spec = SpecStats::default();
+        self.gate = SpecGate::default();
+    }
+
+    /// Asks the drafter of every row that may speculate this step for its
+    /// drafts (none while the batch gate says drafting does not pay at
+    /// this batch size). A drafter that fails is dropped: its row decodes
+    /// on without drafts. Returns the number of drafts proposed.
+    fn propose_drafts(&mut self, take: &[usize]) -> usize {
+        for s in &mut self.running {
+            s.drafts.clear();
+        }
+        let candidates: Vec<usize> = (0..self.running.len())
+            .filter(|&i| take[i] > 0 && self.running[i].can_draft())
+            .collect();
+        if candidates.is_empty() {
+            return 0;
+        }
+        // The gate judges decode-only steps by their row count.
+        let prefilling = self.running.iter().any(|s| s.phase() == Phase::Prefill);
+        let rows = take.iter().filter(|&&n| n > 0).count();
+        if !prefilling && !self.gate.allows(rows) {
+            return 0;
+        }
+        let mut total = 0;
+        for i in candidates {
+            let seq = &mut self.running[i];
+            let room = seq.draft_room();
+            let Some(spec) = seq.spec.as_mut() else {
+                continue;
+            };
+            match spec.propose(&seq.ids, room) {
+                Ok(drafts) => {
+                    total += drafts.len();
+                    seq.drafts = drafts;
+                }
+                Err(e) => {
+                    tracing::warn!(row = seq.id, drafter = spec.drafter_name(), error = %e, "the drafter failed; the row decodes without drafts");
+                    self.spec.drafter_failures += 1;
+                    seq.spec = None;
+                }
+            }
+        }
+        total
+    }
+
+    /// Ends row `i`'s verification if one is in progress (trims rejected
+    /// drafts from its KV) and counts it.
+    fn end_verify(&mut self, i: usize) {
+        if let Some((drafted, accepted)) = self.running[i].end_verify() {
+            self.spec.drafted += drafted as u64;
+            self.spec.accepted += accepted as u64;
+        }
     }
 
     /// The counters now.
@@ -464,6 +582,16 @@ impl<'s> Scheduler<'s> {
                     }
                 })
                 .collect(),
+            speculative: SpecStats {
+                acceptance_rate: if self.spec.drafted > 0 {
+                    self.spec.accepted as f64 / self.spec.drafted as f64
+                } else {
+                    0.0
+                },
+                gate_off_steps: self.gate.off_steps,
+                by_batch_size: self.gate.table(),
+                ..self.spec.clone()
+            },
         }
     }
 
@@ -954,8 +1082,17 @@ fn admit_one<'s>(
         sink.finished(Err(e));
         return None;
     }
+    let host: Option<Arc<PluginHost>> = match &chain {
+        ChainSource::Ready(_) | ChainSource::ReadyDrafting(..) => None,
+        ChainSource::Plugins(h) | ChainSource::Constrained(h, _) => Some(h.clone()),
+    };
+    let mut given_spec = None;
     let chain: Box<dyn TokenChain + 's> = match chain {
         ChainSource::Ready(c) => c,
+        ChainSource::ReadyDrafting(c, spec) => {
+            given_spec = Some(spec);
+            c
+        }
         ChainSource::Plugins(host) => match plugin_chain(model, &request, &host) {
             Ok(c) => Box::new(c),
             Err(e) => {
@@ -1016,7 +1153,42 @@ fn admit_one<'s>(
         cached,
     );
     seq.reused_from = source;
+    seq.spec = match &host {
+        Some(host) => row_spec(
+            host,
+            model,
+            &request.speculative,
+            seq.history().len(),
+            &request.plugin_params,
+        ),
+        None => given_spec.filter(|_| model.model.new_cache().trimmable()),
+    };
     Some(seq)
+}
+
+/// The row's speculation: a session of the request's drafter, or `None`
+/// when it asks for none, when the model's cache cannot drop positions (a
+/// recurrent state), or when the drafter fails to start (logged; the row
+/// decodes without drafts).
+fn row_spec(
+    host: &PluginHost,
+    model: &LoadedModel,
+    spec: &super::speculative::SpecRequest,
+    prompt_len: usize,
+    plugin_params: &serde_json::Value,
+) -> Option<RowSpec> {
+    let name = spec.drafter.as_deref().filter(|_| spec.enabled())?;
+    if !model.model.new_cache().trimmable() {
+        return None;
+    }
+    let vocab = model.model.config().vocab_size;
+    match crate::plugin::drafter::PluginDrafter::new(host, name, prompt_len, vocab, plugin_params) {
+        Ok(d) => Some(RowSpec::new(Box::new(d), spec.max_draft)),
+        Err(e) => {
+            tracing::warn!(drafter = name, error = %e, "the drafter did not start; the request decodes without drafts");
+            None
+        }
+    }
 }
 
 /// Gives a preempted row its KV back: the longest cached prefix of its

@@ -10,12 +10,15 @@
 //!   and DRY's state);
 //! - its output state (incremental detokenizer, stop-string matcher);
 //! - its limits (`max_tokens`, the context) and its sink, which also says
-//!   whether the caller cancelled.
+//!   whether the caller cancelled;
+//! - its speculation (drafter, adaptive draft length, a verification in
+//!   progress; `engine::speculative`).
 
 use std::time::{Duration, Instant};
 
 use super::detokenize::{Detokenizer, StopMatcher};
 use super::request::{FinishReason, GenerateError, GenerateEvent, GenerateSummary, TokenInfo};
+use super::speculative::{RowSpec, Verify};
 use crate::cache::KvCache;
 use crate::model::{LoadedModel, TextTokenizer};
 use crate::plugin::session::TokenChain;
@@ -102,6 +105,15 @@ pub struct Sequence<'s> {
     /// The guest time of the row's last chain (its calls less their waits on
     /// the forward): the step runs fast chains first.
     pub(crate) last_chain_time: std::time::Duration,
+    /// The row's drafter and draft-length state; `None`: no speculation
+    /// (never asked for, or its drafter failed).
+    pub(crate) spec: Option<RowSpec>,
+    /// Drafts the scheduler proposed for this step (fed after the row's
+    /// token; empty: a plain decode step).
+    pub(crate) drafts: Vec<u32>,
+    /// A verification in progress: the cache holds the fed drafts'
+    /// positions beyond `fed` until they are accepted or trimmed.
+    pub(crate) verify: Option<Verify>,
 }
 
 /// A token a lookahead step is choosing for a row.
@@ -164,7 +176,58 @@ impl<'s> Sequence<'s> {
             deferred: None,
             deferrals: 0,
             last_chain_time: std::time::Duration::ZERO,
+            spec: None,
+            drafts: Vec::new(),
+            verify: None,
         }
+    }
+
+    /// Whether the row may draft this step: it decodes with exactly its
+    /// sampled token to feed, nothing of an earlier step is in flight, and
+    /// its drafter is not paused out of room.
+    pub(crate) fn can_draft(&self) -> bool {
+        self.spec.is_some()
+            && self.phase() == Phase::Decode
+            && self.fed + 1 == self.ids.len()
+            && self.lookahead.is_none()
+            && !self.fed_ahead
+            && self.deferred.is_none()
+            && self.verify.is_none()
+    }
+
+    /// Draft tokens the row may feed this step: one fewer than the tokens
+    /// it may still generate (a fully accepted draft also emits a bonus
+    /// token), within its KV reservation under a memory budget.
+    pub(crate) fn draft_room(&self) -> usize {
+        let left = self.max_new.saturating_sub(self.generated + 1);
+        if self.reserved_tokens > 0 {
+            left.min(self.reserved_tokens.saturating_sub(self.ids.len()))
+        } else {
+            left
+        }
+    }
+
+    /// Ends a verification that will choose no more tokens this step:
+    /// trims the drafts after the last accepted one from the KV, and
+    /// tells the row's speculation how it went. Returns `(drafted,
+    /// accepted)`; `None` when no verification was in progress.
+    pub(crate) fn end_verify(&mut self) -> Option<(usize, usize)> {
+        let v = self.verify.take()?;
+        if self.cache.offset() > self.fed && !self.fed_ahead {
+            if self.cache.reusable(self.fed) == self.fed {
+                self.cache.truncate(self.fed);
+            } else {
+                // Cannot happen within KvCache::ROLLBACK; if it does, the
+                // row re-feeds its history (as after a preemption).
+                self.cache.truncate(0);
+                self.fed = 0;
+                self.refill_end = self.ids.len();
+            }
+        }
+        if let Some(spec) = &mut self.spec {
+            spec.record(v.drafts.len(), v.accepted);
+        }
+        Some((v.drafts.len(), v.accepted))
     }
 
     /// Prefill while prompt tokens (or, after a preemption, history) remain
@@ -273,6 +336,18 @@ impl<'s> Sequence<'s> {
             return Ok(Some(FinishReason::Stop));
         }
         self.ids.push(id);
+        if let Some(v) = &mut self.verify {
+            // The token chosen at logits row `next - 1` is compared with the
+            // draft fed at that position: equal, and its KV is already in
+            // the cache (fed by the verification forward).
+            let at = v.next - 1;
+            if at < v.drafts.len() && v.drafts[at] == id {
+                v.accepted += 1;
+                self.fed += 1;
+            } else {
+                v.matched = false;
+            }
+        }
         if self.fed_ahead {
             // A lookahead step already fed this token.
             self.fed_ahead = false;
@@ -346,6 +421,8 @@ impl<'s> Sequence<'s> {
     /// the cache holds exactly `fed_ids()` (before the row retires).
     pub(crate) fn settle_cache(&mut self) {
         self.lookahead = None;
+        self.end_verify();
+        self.drafts.clear();
         if self.fed_ahead || self.cache.offset() > self.fed {
             self.cache.truncate(self.fed);
             self.fed_ahead = false;

@@ -20,6 +20,11 @@
 //! while its lookahead is in flight ([`Sequence::fed_ahead`]); a row that
 //! finishes meanwhile has it dropped at retirement. Outputs are the same as
 //! without lookahead: the same graph, fed the same tokens.
+//!
+//! **Verification** (`engine::speculative`): a row with drafts feeds its
+//! token and the drafts as one chunk; its chain chooses the first position's
+//! token here like any row's, and [`verify_round`] chooses each further
+//! position's while the chosen tokens equal the drafts.
 
 use std::time::{Duration, Instant};
 
@@ -33,6 +38,7 @@ use std::rc::Rc;
 
 use super::request::{GenerateError, TokenInfo};
 use super::sequence::{Lookahead, Sequence};
+use super::speculative::Verify;
 use crate::model::{LoadedModel, RowInput};
 use crate::plugin::session::Chosen;
 use crate::plugin::PluginError;
@@ -111,15 +117,31 @@ pub(crate) fn run(
     let vocab = model.model.config().vocab_size;
     // Rows in the forward, in order: (sequence index, tokens fed, wants logits).
     let mut members: Vec<(usize, usize, bool)> = Vec::new();
+    // A row with drafts feeds its unfed token(s) and then its drafts.
+    let feeds: Vec<Option<Vec<u32>>> = seqs
+        .iter()
+        .enumerate()
+        .map(|(i, seq)| {
+            let n = take[i].min(seq.ids.len() - seq.fed);
+            (n > 0 && seq.fed + n == seq.ids.len() && !seq.drafts.is_empty()).then(|| {
+                let mut feed = seq.ids[seq.fed..].to_vec();
+                feed.extend_from_slice(&seq.drafts);
+                feed
+            })
+        })
+        .collect();
     let logits = {
         let mut rows: Vec<RowInput<'_>> = Vec::new();
-        for (i, seq) in seqs.iter_mut().enumerate() {
+        for ((i, seq), feed) in seqs.iter_mut().enumerate().zip(&feeds) {
             let n = take[i].min(seq.ids.len() - seq.fed);
             if n == 0 {
                 continue;
             }
             let completes = seq.fed + n == seq.ids.len();
-            let tokens = &seq.ids[seq.fed..seq.fed + n];
+            let tokens = match feed {
+                Some(feed) => feed.as_slice(),
+                None => &seq.ids[seq.fed..seq.fed + n],
+            };
             rows.push(RowInput {
                 tokens,
                 cache: &mut seq.cache,
@@ -167,6 +189,16 @@ pub(crate) fn run(
     for (&(i, _, completes), row_logits) in members.iter().zip(&logits) {
         if completes {
             choosing.push((i, row_logits.index(0)));
+            let seq = &mut seqs[i];
+            if feeds[i].is_some() {
+                seq.verify = Some(Verify {
+                    drafts: std::mem::take(&mut seq.drafts),
+                    logits: row_logits.clone(),
+                    next: 1,
+                    accepted: 0,
+                    matched: true,
+                });
+            }
         } else {
             outcomes[i] = RowOutcome::Fed;
         }
@@ -286,6 +318,50 @@ pub(crate) fn run(
     Ok((outcomes, timing))
 }
 
+/// One verification round: for each row in `rows` (whose verification
+/// [`continues`](Verify::continues): the token chosen last equalled its
+/// draft), runs its chain on the next fed position's logits, then evaluates
+/// and reads every row's token at once. Returns `(row, outcome)` pairs.
+///
+/// Errors (every row in the round fails): an MLX error while evaluating.
+pub(crate) fn verify_round(
+    model: &LoadedModel,
+    seqs: &mut [Sequence<'_>],
+    rows: &[usize],
+    plugin_step: Duration,
+) -> Result<Vec<(usize, RowOutcome)>, GenerateError> {
+    let vocab = model.model.config().vocab_size;
+    let shared = seqs.len() > 1;
+    let mut out: Vec<(usize, RowOutcome)> = Vec::new();
+    let mut chosen: Vec<Chose> = Vec::new();
+    for &i in rows {
+        let seq = &mut seqs[i];
+        let Some(v) = seq.verify.as_mut() else {
+            continue;
+        };
+        let raw = v.logits.index(v.next as i32);
+        v.next += 1;
+        seq.chain.set_step_cap(shared.then_some(plugin_step));
+        match choose(seq, raw.clone(), vocab, seq.generated as u32) {
+            Ok((token, sampled)) => chosen.push(Chose {
+                seq: i,
+                raw,
+                sampled,
+                token,
+            }),
+            Err(e) => out.push((i, RowOutcome::Failed(e))),
+        }
+    }
+    if !chosen.is_empty() {
+        let read = build_reads(&chosen, seqs)?.read(Vec::new())?;
+        for (r, c) in chosen.iter().enumerate() {
+            let want = seqs[c.seq].top_logprobs;
+            out.push((c.seq, token_outcome(&seqs[c.seq], read.row(r, want), vocab)));
+        }
+    }
+    Ok(out)
+}
+
 /// A chosen row's outcome: its token, or a failure when the chain returned
 /// an id outside the vocabulary.
 fn token_outcome(seq: &Sequence<'_>, read: RowRead, vocab: usize) -> RowOutcome {
@@ -350,6 +426,8 @@ fn start_lookahead(
         !matches!(outcomes[i], RowOutcome::Failed(_))
             && s.chain.history_free()
             && !s.fed_ahead
+            && s.spec.is_none()
+            && s.verify.is_none()
             && s.generated + 1 < s.max_new
     });
     if !allowed {

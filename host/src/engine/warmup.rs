@@ -270,6 +270,7 @@ fn run_rows(
                 processors: Vec::new(),
                 plugin_params: serde_json::json!({}),
                 top_logprobs: row.top_logprobs,
+                speculative: crate::engine::speculative::SpecRequest::off(),
             },
             chain: ChainSource::Plugins(plugins.clone()),
             sink: Box::new(WarmSink(results.clone())),

@@ -2,8 +2,9 @@
 //! package version: `mlxhost:plugin@0.1.0` at the top level (samplers,
 //! logits processors, 0.1.0 adapters) and `mlxhost:plugin@0.2.0` in [`v2`]
 //! (parsers, 0.2.0 adapters), `mlxhost:plugin@0.3.0` in [`v3`] (constraint
-//! plugins, the adapters' `structured-output` service). All are linked into
-//! one linker side by side.
+//! plugins, the adapters' `structured-output` service), `mlxhost:plugin@0.4.0`
+//! in [`v4`] (drafters, the adapters' `speculation` service). All are linked
+//! into one linker side by side.
 #![allow(missing_docs)]
 
 /// The `sampler-plugin` world.
@@ -104,6 +105,28 @@ pub mod v3 {
             with: {
                 "mlxhost:plugin/types@0.3.0": crate::plugin::bindings::v3::constraint::mlxhost::plugin0_3_0::types,
             },
+        });
+    }
+}
+
+/// `mlxhost:plugin@0.4.0` (`wit/0.4.0/plugin.wit`).
+pub mod v4 {
+    /// The `drafter-plugin` world.
+    pub mod drafter {
+        wasmtime::component::bindgen!({
+            path: "../wit/0.4.0",
+            world: "drafter-plugin",
+            imports: { default: trappable },
+        });
+    }
+
+    /// The `speculation` import of 0.4.0 adapters (which export 0.2.0's
+    /// `api-adapter` interface, as 0.3.0 adapters do).
+    pub mod speculation {
+        wasmtime::component::bindgen!({
+            inline: "package mlxhost:host-v4;\nworld adapter-services { import mlxhost:plugin/speculation@0.4.0; }",
+            path: "../wit/0.4.0",
+            world: "mlxhost:host-v4/adapter-services",
         });
     }
 }

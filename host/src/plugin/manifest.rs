@@ -3,7 +3,7 @@
 //! ```toml
 //! name = "standard"            # unique; what requests and flags name
 //! version = "0.1.0"
-//! kinds = ["sampler"]          # sampler | logits-processor | tool-call-parser | reasoning-parser | api-adapter | constraint
+//! kinds = ["sampler"]          # sampler | logits-processor | tool-call-parser | reasoning-parser | api-adapter | constraint | drafter
 //! component = "standard.wasm"  # relative to the folder
 //! wit = "mlxhost:plugin@0.1.0" # the WIT package version the component targets
 //! description = "..."
@@ -15,17 +15,19 @@
 //! Which kinds each WIT version serves: samplers and logits processors are
 //! `0.1.0` (0.2.0 did not change them); API adapters `0.1.0`, `0.2.0` or
 //! `0.3.0` (0.2.0's adapter plus `structured-output`), linked side by side;
-//! tool-call and reasoning parsers `0.2.0`; constraint plugins `0.3.0`.
+//! tool-call and reasoning parsers `0.2.0`; constraint plugins `0.3.0`;
+//! drafters `0.4.0` (adapters `0.4.0` add the `speculation` import).
 
 use std::path::Path;
 
 use serde::Deserialize;
 
 /// The WIT package versions this host implements, oldest first.
-pub const WIT_VERSIONS: [&str; 3] = [
+pub const WIT_VERSIONS: [&str; 4] = [
     "mlxhost:plugin@0.1.0",
     "mlxhost:plugin@0.2.0",
     "mlxhost:plugin@0.3.0",
+    "mlxhost:plugin@0.4.0",
 ];
 
 /// A WIT package version the host links.
@@ -37,6 +39,8 @@ pub enum WitVersion {
     V0_2,
     /// `mlxhost:plugin@0.3.0` (`wit/0.3.0/plugin.wit`).
     V0_3,
+    /// `mlxhost:plugin@0.4.0` (`wit/0.4.0/plugin.wit`).
+    V0_4,
 }
 
 impl WitVersion {
@@ -46,6 +50,7 @@ impl WitVersion {
             "mlxhost:plugin@0.1.0" => Some(WitVersion::V0_1),
             "mlxhost:plugin@0.2.0" => Some(WitVersion::V0_2),
             "mlxhost:plugin@0.3.0" => Some(WitVersion::V0_3),
+            "mlxhost:plugin@0.4.0" => Some(WitVersion::V0_4),
             _ => None,
         }
     }
@@ -57,6 +62,7 @@ impl WitVersion {
             Kind::ApiAdapter => true,
             Kind::ToolCallParser | Kind::ReasoningParser => self == WitVersion::V0_2,
             Kind::Constraint => self == WitVersion::V0_3,
+            Kind::Drafter => self == WitVersion::V0_4,
         }
     }
 }
@@ -77,6 +83,8 @@ pub enum Kind {
     ApiAdapter,
     /// `constraint-plugin` world (0.3.0): structured output.
     Constraint,
+    /// `drafter-plugin` world (0.4.0): speculative decoding's drafts.
+    Drafter,
 }
 
 impl std::fmt::Display for Kind {
@@ -88,6 +96,7 @@ impl std::fmt::Display for Kind {
             Kind::ReasoningParser => "reasoning-parser",
             Kind::ApiAdapter => "api-adapter",
             Kind::Constraint => "constraint",
+            Kind::Drafter => "drafter",
         })
     }
 }
@@ -180,7 +189,7 @@ impl Manifest {
         }
         if let Some(kind) = m.kinds.iter().find(|k| !version.serves(**k)) {
             return Err(format!(
-                "kind `{kind}` is not defined by `{}` (samplers and logits processors are 0.1.0, parsers 0.2.0, adapters either)",
+                "kind `{kind}` is not defined by `{}` (samplers and logits processors are 0.1.0, parsers 0.2.0, constraints 0.3.0, drafters 0.4.0, adapters any)",
                 m.wit
             ));
         }

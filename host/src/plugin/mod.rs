@@ -7,6 +7,7 @@
 pub mod bindings;
 pub mod constraint;
 pub mod device_ops;
+pub mod drafter;
 pub mod limiter;
 pub mod manifest;
 pub mod reload;

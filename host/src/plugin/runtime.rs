@@ -23,6 +23,7 @@ use super::bindings::v2::{
     tool_parser::ToolCallParserPluginPre,
 };
 use super::bindings::v3::constraint::ConstraintPluginPre;
+use super::bindings::v4::drafter::DrafterPluginPre;
 use super::bindings::{
     adapter::ApiAdapterPluginPre, processor::LogitsProcessorPluginPre, sampler::SamplerPluginPre,
 };
@@ -75,7 +76,7 @@ impl PluginLimits {
     pub fn deadline(&self, kind: Kind) -> Duration {
         match kind {
             Kind::Sampler => self.sampler_deadline,
-            Kind::LogitsProcessor | Kind::Constraint => self.processor_deadline,
+            Kind::LogitsProcessor | Kind::Constraint | Kind::Drafter => self.processor_deadline,
             Kind::ApiAdapter | Kind::ToolCallParser | Kind::ReasoningParser => {
                 self.adapter_deadline
             }
@@ -169,6 +170,8 @@ pub struct LoadedPlugin {
     pub reasoning_parser: Option<ReasoningParserPluginPre<PluginState>>,
     /// Constraint world (0.3.0), if declared.
     pub constraint: Option<ConstraintPluginPre<PluginState>>,
+    /// Drafter world (0.4.0), if declared.
+    pub drafter: Option<DrafterPluginPre<PluginState>>,
     /// The adapter's routes as (method, path), asked once at load.
     pub routes: Vec<(String, String)>,
     /// Whether the compiled component came from the on-disk cache.
@@ -310,6 +313,13 @@ impl PluginHost {
         >(&mut linker, |s| s)
         .map_err(|e| PluginError::Engine(e.to_string()))?;
         super::bindings::v3::structured_output::mlxhost::plugin0_3_0::structured_output::add_to_linker::<
+            _,
+            wasmtime::component::HasSelf<_>,
+        >(&mut linker, |s| s)
+        .map_err(|e| PluginError::Engine(e.to_string()))?;
+        // 0.4.0: the adapters' `speculation` (the drafter world imports
+        // nothing).
+        super::bindings::v4::speculation::mlxhost::plugin0_4_0::speculation::add_to_linker::<
             _,
             wasmtime::component::HasSelf<_>,
         >(&mut linker, |s| s)
@@ -595,6 +605,7 @@ fn load_one(
     let mut tool_parser = None;
     let mut reasoning_parser = None;
     let mut constraint = None;
+    let mut drafter = None;
     let mut routes = Vec::new();
     let version = manifest.wit_version();
     for kind in &manifest.kinds {
@@ -626,9 +637,10 @@ fn load_one(
                             format!("does not export the 0.1.0 api-adapter interface: {e:#}")
                         })?)
                     }
-                    // A 0.3.0 adapter exports 0.2.0's interface (its world
-                    // only adds the `structured-output` import).
-                    WitVersion::V0_2 | WitVersion::V0_3 => {
+                    // A 0.3.0 (0.4.0) adapter exports 0.2.0's interface (its
+                    // world only adds the `structured-output` (and
+                    // `speculation`) imports).
+                    WitVersion::V0_2 | WitVersion::V0_3 | WitVersion::V0_4 => {
                         AdapterPre::V2(ApiAdapterV2Pre::new(pre).map_err(|e| {
                             format!("does not export the 0.2.0 api-adapter interface: {e:#}")
                         })?)
@@ -662,6 +674,15 @@ fn load_one(
                         .map_err(|e| format!("does not export the constraint interface: {e:#}"))?,
                 );
             }
+            Kind::Drafter => {
+                let pre = linker
+                    .instantiate_pre(&component)
+                    .map_err(|e| format!("does not fit the drafter-plugin world: {e:#}"))?;
+                drafter = Some(
+                    DrafterPluginPre::new(pre)
+                        .map_err(|e| format!("does not export the drafter interface: {e:#}"))?,
+                );
+            }
         }
     }
     Ok(LoadedPlugin {
@@ -673,6 +694,7 @@ fn load_one(
         tool_parser,
         reasoning_parser,
         constraint,
+        drafter,
         routes,
         from_cache,
     })

@@ -1,7 +1,8 @@
 //! Host side of the adapter services: WIT 0.2.0's `response-store` (stored
 //! values per adapter, [`crate::cache::ResponseStore`]) and `prompt`
-//! (`count-tokens`: the prompt arithmetic of the served model), and 0.3.0's
-//! `structured-output` (the request's output constraint). An adapter
+//! (`count-tokens`: the prompt arithmetic of the served model), 0.3.0's
+//! `structured-output` (the request's output constraint) and 0.4.0's
+//! `speculation` (the request's drafter and draft length). An adapter
 //! instance gets them through its store's [`super::tensors::PluginState`];
 //! without them (a store made for another plugin kind, or before the model
 //! is loaded) the calls answer "absent" or an error, never trap.
@@ -10,6 +11,7 @@ use std::sync::Arc;
 
 use super::bindings::v2::adapter::mlxhost::plugin::{prompt, response_store};
 use super::bindings::v3::structured_output::mlxhost::plugin0_3_0::structured_output;
+use super::bindings::v4::speculation::mlxhost::plugin0_4_0::speculation;
 use super::constraint::{ConstraintRequest, Grammar};
 use super::tensors::PluginState;
 use crate::cache::ResponseStore;
@@ -35,6 +37,52 @@ pub struct AdapterServices {
     /// The constraint plugin a request gets when it names none
     /// (`--grammar-plugin`).
     pub default_constraint: String,
+    /// The drafter plugins loaded, by name.
+    pub drafter_plugins: Vec<String>,
+}
+
+/// What an adapter chose for its request's speculation
+/// (`speculation.speculate`): `None` fields take the server's defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpeculationChoice {
+    /// The drafter; `Some("none")` turns speculation off.
+    pub drafter: Option<String>,
+    /// The most draft tokens per step; 0 turns speculation off.
+    pub max_draft: Option<u32>,
+}
+
+/// The most draft tokens per step a request may ask for (a verification
+/// forward feeds this many positions beside the row's token).
+pub const MAX_DRAFT_TOKENS: u32 = 64;
+
+impl speculation::Host for PluginState {
+    fn speculate(&mut self, o: speculation::SpeculativeOptions) -> Result<(), String> {
+        let Some(s) = &self.services else {
+            return Err("speculative decoding is not available here".into());
+        };
+        if let Some(name) = o.drafter.as_deref().filter(|n| *n != "none") {
+            if !s.drafter_plugins.iter().any(|d| d == name) {
+                return Err(if s.drafter_plugins.is_empty() {
+                    format!("no drafter plugin named `{name}` is loaded (none is)")
+                } else {
+                    format!(
+                        "no drafter plugin named `{name}` is loaded (available: {})",
+                        s.drafter_plugins.join(", ")
+                    )
+                });
+            }
+        }
+        if let Some(n) = o.max_draft.filter(|n| *n > MAX_DRAFT_TOKENS) {
+            return Err(format!(
+                "at most {MAX_DRAFT_TOKENS} draft tokens per step can be asked for, got {n}"
+            ));
+        }
+        self.speculation = Some(SpeculationChoice {
+            drafter: o.drafter,
+            max_draft: o.max_draft,
+        });
+        Ok(())
+    }
 }
 
 /// The largest grammar a request may give (JSON Schema, regex, Lark or

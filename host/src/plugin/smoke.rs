@@ -26,6 +26,9 @@ pub fn check(host: &std::sync::Arc<PluginHost>, plugin: &LoadedPlugin) -> Result
     if kinds.contains(&Kind::Constraint) {
         return check_constraint(host, plugin);
     }
+    if kinds.contains(&Kind::Drafter) {
+        return check_drafter(host, plugin);
+    }
     if kinds.contains(&Kind::ApiAdapter)
         && !kinds.contains(&Kind::Sampler)
         && !kinds.contains(&Kind::LogitsProcessor)
@@ -114,6 +117,17 @@ fn check_constraint(host: &PluginHost, plugin: &LoadedPlugin) -> Result<String, 
         "engine built in {:.0} ms; `json_object` allows {allowed} first tokens",
         built.as_secs_f64() * 1e3
     ))
+}
+
+/// A drafter session given a history that repeats (`1 2 3 4 1 2`), asked
+/// for 4 drafts.
+fn check_drafter(host: &PluginHost, plugin: &LoadedPlugin) -> Result<String, String> {
+    let name = &plugin.manifest.name;
+    let history = [1u32, 2, 3, 4, 1, 2];
+    let mut d = super::drafter::PluginDrafter::new(host, name, 4, VOCAB, &serde_json::json!({}))
+        .map_err(|e| e.to_string())?;
+    let drafts = d.draft(&history, 4).map_err(|e| e.to_string())?;
+    Ok(format!("drafts after {history:?}: {drafts:?}"))
 }
 
 /// A parser session fed `Hello, world.` in two pieces, then finished.

@@ -66,6 +66,9 @@ pub struct PluginState {
     pub constraint: Option<super::constraint::ConstraintRequest>,
     /// The tools an API adapter marked strict (`structured-output.strict-tools`).
     pub strict_tools: Vec<String>,
+    /// The speculation settings an API adapter chose for the request it
+    /// handles (`speculation.speculate`, WIT 0.4.0).
+    pub speculation: Option<super::services::SpeculationChoice>,
 }
 
 impl PluginState {
@@ -80,6 +83,7 @@ impl PluginState {
             host_wait_total: std::time::Duration::ZERO,
             constraint: None,
             strict_tools: Vec::new(),
+            speculation: None,
         }
     }
 

@@ -130,6 +130,12 @@ impl AdapterCall {
         self.store.data_mut().constraint.take()
     }
 
+    /// The speculation settings the adapter chose during `handle`
+    /// (`speculation.speculate`, WIT 0.4.0), taken.
+    pub fn take_speculation(&mut self) -> Option<crate::plugin::services::SpeculationChoice> {
+        self.store.data_mut().speculation.take()
+    }
+
     /// The tools the adapter marked strict during `handle`
     /// (`structured-output.strict-tools`), taken.
     pub fn take_strict_tools(&mut self) -> Vec<String> {

@@ -289,6 +289,8 @@ pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
         steps: batch.steps,
         prefill_tokens: batch.prefill_tokens,
         decode_tokens: batch.decode_tokens,
+        spec_drafted: batch.speculative.drafted,
+        spec_accepted: batch.speculative.accepted,
         tiers,
         plugins: crate::plugin::timing::snapshot()
             .into_iter()
@@ -462,7 +464,12 @@ pub async fn dispatch(
             Ok(Action::Generate(g)) => {
                 let constraint = call.take_constraint();
                 let strict = call.take_strict_tools();
-                match prepare(g, &frontend2, &plugins2, &app2.defaults).and_then(|p| {
+                let speculation = call.take_speculation();
+                match prepare(g, &frontend2, &plugins2, &app2.defaults).and_then(|mut p| {
+                    if speculation.is_some() {
+                        p.request.speculative =
+                            super::request::speculative(speculation.as_ref(), &app2.defaults);
+                    }
                     super::request::constrained(p, constraint, &strict, &plugins2, &app2.defaults)
                 }) {
                     Ok(p) => Ok(Ok(p)),
@@ -515,6 +522,12 @@ fn adapter_services(
         count_tokens: Some(Arc::new(count)),
         constraint_plugins: constraint_plugins(plugins),
         default_constraint: app.defaults.grammar_plugin.clone(),
+        drafter_plugins: plugins
+            .plugins
+            .values()
+            .filter(|p| p.manifest.kinds.contains(&Kind::Drafter))
+            .map(|p| p.manifest.name.clone())
+            .collect(),
     }
 }
 

@@ -87,6 +87,11 @@ pub struct Snapshot {
     pub prefill_tokens: u64,
     /// Tokens decoded by the scheduler.
     pub decode_tokens: u64,
+    /// Speculative decoding: draft tokens fed for verification, and of
+    /// those accepted.
+    pub spec_drafted: u64,
+    /// See `spec_drafted`.
+    pub spec_accepted: u64,
     /// Per cache tier (`ram`, `ssd`): (hits, misses or `None`, tokens
     /// reused, bytes held, entries).
     pub tiers: Vec<Tier>,
@@ -217,6 +222,25 @@ impl Metrics {
             "engine_decode_tokens",
             "Tokens decoded",
             ConstCounter::new(snap.decode_tokens),
+        );
+        r.register(
+            "spec_draft_tokens",
+            "Speculative decoding: draft tokens fed for verification",
+            ConstCounter::new(snap.spec_drafted),
+        );
+        r.register(
+            "spec_accepted_tokens",
+            "Speculative decoding: draft tokens accepted (emitted as drafted)",
+            ConstCounter::new(snap.spec_accepted),
+        );
+        r.register(
+            "spec_acceptance_rate",
+            "Speculative decoding: accepted / drafted since start (0 before any draft)",
+            ConstGauge::new(if snap.spec_drafted > 0 {
+                snap.spec_accepted as f64 / snap.spec_drafted as f64
+            } else {
+                0.0
+            }),
         );
         let hits = Family::<Vec<(String, String)>, Counter>::default();
         let tokens = Family::<Vec<(String, String)>, Counter>::default();

@@ -54,6 +54,11 @@ pub struct Defaults {
     /// `--grammar-plugin`: the constraint plugin for structured output when
     /// a request names none.
     pub grammar_plugin: String,
+    /// `--drafter`: speculative decoding's drafter when a request names
+    /// none (`None`: off).
+    pub drafter: Option<String>,
+    /// `--draft-max`: the most drafts per step when a request does not say.
+    pub draft_max: usize,
 }
 
 /// The request header that tells an adapter to keep client metadata in the
@@ -351,6 +356,7 @@ pub fn prepare(
         plugins.get(k, Kind::ToolCallParser).is_ok()
             || plugins.get(k, Kind::ReasoningParser).is_ok()
             || plugins.get(k, Kind::Constraint).is_ok()
+            || plugins.get(k, Kind::Drafter).is_ok()
     };
     if let Some(name) = by_plugin
         .keys()
@@ -424,7 +430,8 @@ pub fn prepare(
     };
     // A constraint plugin's run is known once the adapter's constraint is
     // attached ([`constrained`] checks its parameters).
-    let is_constraint = |k: &str| plugins.get(k, Kind::Constraint).is_ok();
+    let is_constraint =
+        |k: &str| plugins.get(k, Kind::Constraint).is_ok() || plugins.get(k, Kind::Drafter).is_ok();
     if let Some(name) = plugin_params.as_object().and_then(|m| {
         m.keys()
             .find(|k| is_parser(k) && !is_constraint(k) && !running(k))
@@ -503,6 +510,7 @@ pub fn prepare(
             } else {
                 0
             },
+            speculative: speculative(None, defaults),
         },
         stream: g.stream,
         logprobs: g.logprobs,
@@ -513,6 +521,24 @@ pub fn prepare(
         call_alternatives,
         tools: g.tools.clone(),
     })
+}
+
+/// A request's speculation: what its adapter chose
+/// (`speculation.speculate`), else the server's `--drafter` and
+/// `--draft-max`.
+pub fn speculative(
+    choice: Option<&crate::plugin::services::SpeculationChoice>,
+    defaults: &Defaults,
+) -> crate::engine::speculative::SpecRequest {
+    let drafter = match choice.and_then(|c| c.drafter.as_deref()) {
+        Some("none") => None,
+        Some(name) => Some(name.to_string()),
+        None => defaults.drafter.clone(),
+    };
+    let max_draft = choice
+        .and_then(|c| c.max_draft)
+        .map_or(defaults.draft_max, |n| n as usize);
+    crate::engine::speculative::SpecRequest { drafter, max_draft }
 }
 
 /// A parser that could not be set up: an unknown or rejected name is the

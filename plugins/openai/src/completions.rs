@@ -150,6 +150,8 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
             offsets: Offsets::default(),
             constraint,
             strict_tools: Vec::new(),
+            speculative: mlxhost_plugin_sdk::speculative::speculative(obj)
+                .map_err(crate::request::lift)?,
         },
     ))
 }

@@ -1,7 +1,8 @@
 //! The `openai` API adapter: OpenAI Chat Completions and legacy
-//! Completions over the host's HTTP, on `mlxhost:plugin@0.3.0` (0.2.0's
+//! Completions over the host's HTTP, on `mlxhost:plugin@0.4.0` (0.2.0's
 //! adapter world: content parts, tool calls, reasoning; plus structured
-//! output through the host's `structured-output` service).
+//! output through the host's `structured-output` service, 0.3.0, and the
+//! request's `speculative` field through `speculation`, 0.4.0).
 //!
 //! Routes: `GET /v1/models` and `GET /v1/models/{model}` (OpenAI's shape,
 //! or Anthropic's when the request carries `anthropic-version`), `POST /v1/chat/completions` (streamed as SSE
@@ -32,6 +33,7 @@ use mlxhost_plugin_sdk::v2::adapter::exports::mlxhost::plugin::api_adapter::{
 
 use mlxhost_plugin_sdk::structured::OutputConstraint;
 use mlxhost_plugin_sdk::v3::structured_output::mlxhost::plugin0_3_0::structured_output;
+use mlxhost_plugin_sdk::v4::speculation::mlxhost::plugin0_4_0::speculation;
 use request::{Endpoint, Invalid, RenderOptions};
 
 const CHAT: &str = "/v1/chat/completions";
@@ -66,6 +68,12 @@ fn generate_or_400(parsed: Result<(api::GenerationRequest, RenderOptions), Inval
         constrain(opts.constraint.as_ref())?;
         if !opts.strict_tools.is_empty() {
             structured_output::strict_tools(&opts.strict_tools);
+        }
+        if let Some(s) = &opts.speculative {
+            speculation::speculate(s).map_err(|message| Invalid {
+                message: format!("`speculative`: {message}"),
+                param: Some("speculative".into()),
+            })?;
         }
         Ok((generation, opts))
     }) {

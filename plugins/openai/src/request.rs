@@ -81,6 +81,8 @@ pub struct RenderOptions {
     pub constraint: Option<OutputConstraint>,
     /// Tools with `function.strict: true`, which `handle` hands to the host.
     pub strict_tools: Vec<String>,
+    /// The request's `speculative` field, which `handle` hands to the host.
+    pub speculative: Option<mlxhost_plugin_sdk::speculative::SpeculativeOptions>,
 }
 
 /// The names of `tools[]` whose `function.strict` is true (after
@@ -144,6 +146,7 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
     let sampling = sampling(obj)?;
     let stop = stop(obj)?;
     let constraint = output_constraint(obj)?;
+    let speculative = mlxhost_plugin_sdk::speculative::speculative(obj).map_err(lift)?;
     let sampler = f.string("sampler")?;
     let logits_processors = logits_processors(obj)?;
     let plugin_params = plugin_params(obj)?;
@@ -194,6 +197,7 @@ pub fn parse(body: &[u8]) -> Result<(GenerationRequest, RenderOptions), Invalid>
             tokens_as_ids,
             constraint,
             strict_tools: strict_tool_names(obj),
+            speculative,
             ..RenderOptions::default()
         },
     ))

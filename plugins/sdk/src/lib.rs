@@ -129,6 +129,35 @@ pub mod v3 {
     }
 }
 
+/// Bindings for `mlxhost:plugin@0.4.0` (`wit/0.4.0/plugin.wit`):
+/// speculative decoding.
+pub mod v4 {
+    /// The `drafter-plugin` world (proposes draft tokens for the host to
+    /// verify).
+    pub mod drafter {
+        wit_bindgen::generate!({
+            path: "../../wit/0.4.0",
+            world: "drafter-plugin",
+            pub_export_macro: true,
+            export_macro_name: "export_drafter",
+            default_bindings_module: "mlxhost_plugin_sdk::v4::drafter",
+        });
+    }
+
+    /// The `speculation` import of the 0.4.0 `api-adapter-plugin` world
+    /// (0.3.0's adapter plus this import), bound on its own as
+    /// [`crate::v3::structured_output`] is.
+    pub mod speculation {
+        wit_bindgen::generate!({
+            inline: "package mlxhost:sdk-v4;\nworld speculation-import { import mlxhost:plugin/speculation@0.4.0; }",
+            path: "../../wit/0.4.0",
+            world: "mlxhost:sdk-v4/speculation-import",
+            generate_all,
+            additional_derives: [PartialEq],
+        });
+    }
+}
+
 /// JSON request fields for adapters (feature `json`).
 #[cfg(feature = "json")]
 pub mod fields;
@@ -137,6 +166,10 @@ pub mod fields;
 /// (feature `json`).
 #[cfg(feature = "json")]
 pub mod structured;
+
+/// The `speculative` request field (speculative decoding; feature `json`).
+#[cfg(feature = "json")]
+pub mod speculative;
 
 /// Parses a plugin's `extra` parameters (a JSON object) into `(key, value)`
 /// number pairs, for plugins that take simple numeric options without a JSON

@@ -1,0 +1,135 @@
+"""Speculative decoding benchmark client for benches/speculative.sh: one `mlxhost serve`, the
+same prompts with and without prompt lookup (`"speculative": {"drafter": "prompt-lookup"}` vs
+`"speculative": false`, so one server, one model load), interleaved (a set without, the same set
+with, ...) so machine noise hits both alike. Greedy; every prompt starts with a unique request
+number, so no prompt-cache hit helps either side.
+
+Two prompt sets: code edits ("rewrite this 60-line function renaming X to Y": the reply repeats
+the function with one name changed, the case prompt lookup is for) and free text (short stories:
+little to look up). At batch 1 (requests one after another) and at concurrency 8 (8 requests at
+once): aggregate completion tok/s (all completion tokens / wall time of the round) and mean
+per-request decode tok/s ((completion_tokens - 1) / (last content chunk - first)), with the
+server's drafted / accepted counters (/stats, `batch.speculative`) over each round.
+
+Usage: python speculative.py URL     Env: MAX_TOKENS (256), N1 (prompts per set at batch 1, 3),
+LEVELS ("1 8"), DRAFTER (prompt-lookup), N_MAX (draft length bound; the server's when unset).
+Prints one JSON line per (set, level, mode), then a table with the speed-ups.
+"""
+import json
+import os
+import sys
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(__file__))
+from http_bench import stream_chat  # noqa: E402
+
+MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "256"))
+N1 = int(os.environ.get("N1", "3"))
+LEVELS = [int(x) for x in os.environ.get("LEVELS", "1 8").split()]
+DRAFTER = os.environ.get("DRAFTER", "prompt-lookup")
+N_MAX = os.environ.get("N_MAX")
+counter = [0]
+
+NAMES = [("total", "amount"), ("items", "entries"), ("result", "output"), ("config", "settings"),
+         ("index", "position"), ("buffer", "chunk"), ("count", "tally"), ("value", "datum")]
+TOPICS = ["a lighthouse keeper", "a baker", "a sailor", "a clockmaker", "a gardener", "a pilot",
+          "a librarian", "a blacksmith"]
+
+
+def function(k):
+    """A 60-line Python function that uses NAMES[k][0] throughout (deterministic)."""
+    old = NAMES[k % len(NAMES)][0]
+    lines = [f"def process_records_{k}(records, {old}, limit=100):",
+             f'    """Summarise records into {old}, at most limit of them."""']
+    for i in range(29):
+        lines.append(f"    if len(records) > {i} and records[{i}].get('kind') == 'type_{(i * 7 + k) % 13}':")
+        lines.append(f"        {old} = update_{i % 5}({old}, records[{i}]['score'] * {i + 1})")
+    lines.append(f"    return {old}")
+    return "\n".join(lines[:60])
+
+
+def prompt(kind, i):
+    counter[0] += 1
+    if kind == "code-edit":
+        old, new = NAMES[i % len(NAMES)]
+        return (f"Request {counter[0]}. Rewrite this function, renaming `{old}` to `{new}`. "
+                f"Reply with the whole function only.\n\n```python\n{function(i)}\n```")
+    return f"Request {counter[0]}. Write a short story about {TOPICS[i % len(TOPICS)]}."
+
+
+def body(kind, i, spec):
+    b = {"model": "default_model", "messages": [{"role": "user", "content": prompt(kind, i)}],
+         "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True,
+         "stream_options": {"include_usage": True}}
+    if spec:
+        s = {"drafter": DRAFTER}
+        if N_MAX:
+            s["n_max"] = int(N_MAX)
+        b["speculative"] = s
+    else:
+        b["speculative"] = False
+    return b
+
+
+def spec_stats(url):
+    with urllib.request.urlopen(url + "/stats", timeout=60) as r:
+        s = json.load(r)["batch"]["speculative"]
+    return s["drafted"], s["accepted"]
+
+
+def run_round(url, kind, level, spec):
+    n = N1 if level == 1 else level
+    results = [None] * n
+    d0, a0 = spec_stats(url)
+
+    def one(i):
+        first, last, usage, chunks = stream_chat(url, body(kind, i, spec))
+        tokens = usage["completion_tokens"] if usage else chunks
+        decode = (last - first) if first is not None and last is not None else 0.0
+        results[i] = (tokens, (tokens - 1) / decode if decode > 0 else 0.0)
+
+    t0 = time.perf_counter()
+    if level == 1:
+        for i in range(n):
+            one(i)
+    else:
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    wall = time.perf_counter() - t0
+    d1, a1 = spec_stats(url)
+    tokens = sum(r[0] for r in results)
+    return {"set": kind, "level": level, "mode": DRAFTER if spec else "none", "requests": n,
+            "completion_tokens": tokens, "wall_s": round(wall, 2),
+            "aggregate_tok_s": round(tokens / wall, 2),
+            "decode_tok_s": round(sum(r[1] for r in results) / n, 2),
+            "drafted": d1 - d0, "accepted": a1 - a0,
+            "acceptance": round((a1 - a0) / (d1 - d0), 3) if d1 > d0 else None}
+
+
+def main():
+    url = sys.argv[1]
+    rows = []
+    for kind in ["code-edit", "free-text"]:
+        for level in LEVELS:
+            for spec in [False, True]:
+                r = run_round(url, kind, level, spec)
+                print(json.dumps(r), flush=True)
+                rows.append(r)
+    print(f"\n{'set':10} {'level':>5} {'mode':>14} {'agg tok/s':>10} {'decode tok/s':>12} "
+          f"{'accept':>7} {'speed-up':>8}")
+    for r in rows:
+        base = next(b for b in rows if b["set"] == r["set"] and b["level"] == r["level"]
+                    and b["mode"] == "none")
+        up = r["aggregate_tok_s"] / base["aggregate_tok_s"] if base["aggregate_tok_s"] else 0
+        acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
+        print(f"{r['set']:10} {r['level']:>5} {r['mode']:>14} {r['aggregate_tok_s']:>10.1f} "
+              f"{r['decode_tok_s']:>12.1f} {acc:>7} {up:>7.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Speculative decoding benchmark (docs/speculative.md, numbers in docs/benchmarks.md): one
+# `mlxhost serve` of MODEL (default qwen2.5-coder-0.5b, installed with `mlxhost models pull`),
+# plugins/ (built by scripts/build-plugins.sh), the same prompts with and without prompt lookup
+# at batch 1 and at concurrency 8 (benches/speculative.py; its env: MAX_TOKENS, N1, LEVELS,
+# DRAFTER, N_MAX).
+#   benches/speculative.sh                       # MODEL=qwen2.5-coder-0.5b
+#   MODEL=smollm2-135m benches/speculative.sh
+#   BIN=target/debug/mlxhost benches/speculative.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN="${BIN:-target/release/mlxhost}"
+MODEL="${MODEL:-qwen2.5-coder-0.5b}"
+PORT="${PORT:-18090}"
+LOG=$(mktemp -t mlxhost-speculative.XXXXXX.log)
+"$BIN" serve --model "$MODEL" --plugins plugins --port "$PORT" ${MLXHOST_ARGS:-} 2>"$LOG" &
+PID=$!
+trap 'kill $PID 2>/dev/null || true; wait $PID 2>/dev/null || true' EXIT
+for _ in $(seq 1 600); do
+  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
+  kill -0 $PID 2>/dev/null || { cat "$LOG" >&2; exit 1; }
+  sleep 0.5
+done
+echo "mlxhost $("$BIN" --version 2>/dev/null || true), model $MODEL, $(nproc) cores, $(date -u +%FT%TZ)" >&2
+python3 benches/speculative.py "http://127.0.0.1:$PORT"
