@@ -40,14 +40,14 @@ fn user_turn(k: usize) -> Vec<u32> {
 /// the previous prompt, its reply and a new turn. Checks every turn
 /// reuses everything up to its new turn (the reply's last token, sampled
 /// but never fed, may be prefilled) and, where `cold_every` divides the
-/// turn, gives a cold run's output. Returns the prompts, the replies and
-/// the prefilled token counts (warm, cold).
+/// turn, gives a cold run's output. Returns the prompts and the
+/// prefilled token count (the cold count is printed beside it).
 fn converse(
     f: &Fixture,
     caches: &mut PrefixCache,
     turns: usize,
     cold_every: usize,
-) -> (Vec<Vec<u32>>, Vec<Vec<u32>>, (usize, usize)) {
+) -> (Vec<Vec<u32>>, usize) {
     let mut prompt = opening();
     let (mut prompts, mut replies): (Vec<Vec<u32>>, Vec<Vec<u32>>) = (Vec::new(), Vec::new());
     let (mut warm_prefill, mut cold_prefill) = (0, 0);
@@ -85,14 +85,14 @@ fn converse(
         "{turns} turns: prefilled {warm_prefill} tokens warm, {cold_prefill} cold ({:.1}x fewer)",
         cold_prefill as f64 / warm_prefill as f64
     );
-    (prompts, replies, (warm_prefill, cold_prefill))
+    (prompts, warm_prefill)
 }
 
 #[test]
 fn a_conversation_resumes_turn_by_turn_from_ram() {
     let f = fixture("qwen3.5-tiny");
     let mut ram = PrefixCache::new(PromptCache::new(1 << 30), None);
-    let (prompts, _, (warm, _)) = converse(&f, &mut ram, TURNS, 1);
+    let (prompts, warm) = converse(&f, &mut ram, TURNS, 1);
     // Each turn prefills its new message and at most one reply token; the
     // first its whole prompt.
     let first = prompts[0].len();
@@ -222,6 +222,12 @@ fn a_divergence_resumes_from_the_last_checkpoint_before_it_in_ram() {
         assert_eq!(cached, expected, "{label}: reused");
         assert_same(label, &warm, &generate(&f, &p, REPLY, None).0);
     }
+    // Every case but the one diverging right at a checkpoint and the miss
+    // resumed short of what it shares with the first prompt.
+    let stats = ram.ram_stats();
+    assert_eq!(stats.hits, 4, "{stats:?}");
+    assert_eq!(stats.hits_by_kind.get("recurrent"), Some(&4), "{stats:?}");
+    assert_eq!(stats.checkpoint_hits, 3, "{stats:?}");
 }
 
 #[test]

@@ -37,6 +37,26 @@ pub struct PromptCacheStats {
     /// Shared-prefix entries made where a new entry branched off an
     /// existing one (see [`BRANCH_MIN_TOKENS`]).
     pub branches: u64,
+    /// Hits by the kind of cache that served them: `full` (every layer
+    /// full KV), `sliding` (some sliding-window layers), `recurrent` (a
+    /// hybrid model's recurrent states with the KV).
+    pub hits_by_kind: std::collections::BTreeMap<String, u64>,
+    /// Recurrent hits that resumed from a state checkpoint short of the
+    /// prefix the prompt shares with the entry (the prompt diverged after
+    /// it, or the entry holds no state there).
+    pub checkpoint_hits: u64,
+}
+
+/// The kind of a cache for [`PromptCacheStats::hits_by_kind`].
+pub fn kind_name(kv: &KvCache) -> &'static str {
+    let kinds = kv.kinds();
+    if kinds.contains(&crate::cache::LayerKind::Recurrent) {
+        "recurrent"
+    } else if kinds.iter().all(|k| *k == crate::cache::LayerKind::Full) {
+        "full"
+    } else {
+        "sliding"
+    }
 }
 
 struct Entry {
@@ -194,19 +214,22 @@ impl PromptCache {
             .iter_mut()
             .filter(|e| e.namespace == namespace)
             .map(|e| {
-                (
-                    e.kv.reusable(common_prefix(&e.tokens, prompt).min(limit)),
-                    e,
-                )
+                let shared = common_prefix(&e.tokens, prompt).min(limit);
+                (e.kv.reusable(shared), shared, e)
             })
-            .filter(|(n, _)| *n > 0)
-            .max_by_key(|(n, e)| (*n, e.last_used));
+            .filter(|(n, _, _)| *n > 0)
+            .max_by_key(|(n, _, e)| (*n, e.last_used));
         match best {
-            Some((reused, entry)) => {
+            Some((reused, shared, entry)) => {
                 entry.last_used = self.clock;
                 let mut kv = entry.kv.clone();
                 kv.truncate(reused);
                 self.stats.hits += 1;
+                let kind = kind_name(&kv);
+                *self.stats.hits_by_kind.entry(kind.into()).or_default() += 1;
+                if kind == "recurrent" && reused < shared {
+                    self.stats.checkpoint_hits += 1;
+                }
                 self.stats.tokens_reused += reused as u64;
                 // Every entry the prompt extends was used whole: a shared
                 // system prompt's entry stays recent while conversations

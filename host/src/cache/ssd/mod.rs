@@ -94,6 +94,12 @@ pub struct SsdCacheStats {
     pub verify: bool,
     /// Lookups served from SSD.
     pub hits: u64,
+    /// Hits by the kind of cache that served them (`full`, `sliding`,
+    /// `recurrent`: see `PromptCacheStats::hits_by_kind`).
+    pub hits_by_kind: std::collections::BTreeMap<String, u64>,
+    /// Recurrent hits that resumed from a state checkpoint short of the
+    /// prefix the prompt shares with the entry.
+    pub checkpoint_hits: u64,
     /// Prompt tokens restored from SSD instead of prefilled.
     pub tokens_restored: u64,
     /// Wall time of the last restore, ms (mmap, page-in, verification).
@@ -118,6 +124,8 @@ pub struct SsdCacheStats {
 #[derive(Debug, Default)]
 struct RestoreCounters {
     hits: u64,
+    hits_by_kind: std::collections::BTreeMap<String, u64>,
+    checkpoint_hits: u64,
     tokens_restored: u64,
     last_restore_ms: f64,
 }
@@ -161,6 +169,8 @@ impl SsdStatsHandle {
         }
         if let Ok(r) = self.restores.lock() {
             out.hits = r.hits;
+            out.hits_by_kind = r.hits_by_kind.clone();
+            out.checkpoint_hits = r.checkpoint_hits;
             out.tokens_restored = r.tokens_restored;
             out.last_restore_ms = r.last_restore_ms;
         }
@@ -283,6 +293,14 @@ impl SsdCache {
                     }
                     if let Ok(mut r) = self.restores.lock() {
                         r.hits += 1;
+                        let kind = super::prompt::kind_name(&kv);
+                        *r.hits_by_kind.entry(kind.into()).or_default() += 1;
+                        let shared = crate::cache::common_prefix(&tokens, prompt);
+                        if kind == "recurrent"
+                            && reused < shared.min(prompt.len().saturating_sub(1))
+                        {
+                            r.checkpoint_hits += 1;
+                        }
                         r.tokens_restored += reused as u64;
                         r.last_restore_ms = ms;
                     }
