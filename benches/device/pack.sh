@@ -14,7 +14,9 @@ for p in mlx-cuda-13==0.32.2 mlx==0.32.2 mlx-lm==0.32.2; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_35_x86_64 --platform manylinux_2_17_x86_64 -d "$WHEELS" "$p"
 done
-grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo /.gpu/ >> .git/info/exclude; }
+# (git rev-parse: .git is a file in a worktree.)
+EXCLUDE=$(git rev-parse --git-path info/exclude)
+grep -qx '/.gpu/' "$EXCLUDE" 2>/dev/null || { mkdir -p "$(dirname "$EXCLUDE")"; echo /.gpu/ >> "$EXCLUDE"; }
 rm -rf .gpu && mkdir -p .gpu/a .gpu/b .gpu/c .gpu/d
 split -b 44000000 "$WHEELS"/mlx_cuda_13-0.32.2-*.whl .gpu/whl.
 mv .gpu/whl.aa .gpu/a/; mv .gpu/whl.ab .gpu/b/

@@ -251,9 +251,9 @@ pub fn available(dtype: Dtype) -> bool {
     GATE.allows(dtype, || mode() != Mode::Off, self_test, tolerance)
 }
 
-/// Largest relative difference the self-test accepts: two units in the
-/// last place of `dtype` (both compute in float32 and round once; the sums
-/// run in another order).
+/// How much less accurate than MLX's op the self-test lets the kernel be:
+/// two units in the last place of `dtype`, in [`relative_diff`]'s measure
+/// against the float32 product.
 fn tolerance(dtype: Dtype) -> f32 {
     match dtype {
         Dtype::Float16 => 2.0 * 2f32.powi(-10),
@@ -262,11 +262,18 @@ fn tolerance(dtype: Dtype) -> f32 {
     }
 }
 
-/// The kernel on random inputs against MLX's `quantized_matmul`, for 4 and
-/// 8 bits, groups of 32, 64 and 128, 1, 3 and 8 rows, and an output width
-/// (1000) that is no multiple of any layout's rows per block; returns the
-/// largest relative difference ([`relative_diff`]). Uses its own random
-/// keys, so the global generator is not advanced.
+/// The kernel and MLX's `quantized_matmul` on random inputs, each against
+/// the float32 product of the same quantized weights, for 4 and 8 bits,
+/// groups of 32, 64 and 128, 1, 3 and 8 rows, and an output width (1000)
+/// that is no multiple of any layout's rows per block. Returns how much
+/// further from that reference the kernel lands than MLX's op does (the
+/// largest [`relative_diff`] of ours minus MLX's, at least 0).
+///
+/// Why not ours against MLX's directly: on the H100 the two land up to
+/// ~2 bfloat16 units apart (each rounds differently on the way), which says
+/// nothing about which is closer to the product; the question the gate
+/// asks is whether ours is as accurate as the op it replaces. Uses its own
+/// random keys, so the global generator is not advanced.
 ///
 /// Errors: whatever the kernel or MLX raised.
 pub fn self_test(dtype: Dtype) -> Result<f32> {
@@ -288,9 +295,19 @@ pub fn self_test(dtype: Dtype) -> Result<f32> {
         for n in [1, 3, MAX_ROWS] {
             let key = random::key(0x5eed + 16 * salt as u64 + n as u64)?;
             let x = random::normal::<f32>(&[n, k], None, None, &key)?.as_dtype(dtype)?;
-            let want = ops::quantized_matmul(&x, &w, &scales, &biases, true, group_size, bits)?;
-            let got = matvec(&x, &w, &scales, &biases, spec)?;
-            worst = worst.max(relative_diff(&got, &want)?);
+            let exact = ops::quantized_matmul(
+                &x.as_dtype(Dtype::Float32)?,
+                &w,
+                &scales.as_dtype(Dtype::Float32)?,
+                &biases.as_dtype(Dtype::Float32)?,
+                true,
+                group_size,
+                bits,
+            )?;
+            let theirs = ops::quantized_matmul(&x, &w, &scales, &biases, true, group_size, bits)?;
+            let ours = matvec(&x, &w, &scales, &biases, spec)?;
+            let excess = relative_diff(&ours, &exact)? - relative_diff(&theirs, &exact)?;
+            worst = worst.max(excess);
         }
     }
     Ok(worst)
