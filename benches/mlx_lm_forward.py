@@ -50,7 +50,9 @@ def main():
     model, _ = load(path)
     if float32:
         dequantize_to_float32(model)
-    vocab = model.args.vocab_size
+    args = model.args
+    # A multimodal wrapper (qwen3_5) keeps the decoder's fields in `text_config`.
+    vocab = getattr(args, "vocab_size", None) or args.text_config["vocab_size"]
     prompt = mx.array([(i * 7919 + 13) % vocab for i in range(n_prompt)])[None]
 
     times = []

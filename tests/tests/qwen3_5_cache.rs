@@ -99,6 +99,9 @@ fn a_conversation_resumes_turn_by_turn_from_ram() {
     assert!(warm <= first + (TURNS - 1) * (20 + 1), "prefilled {warm}");
     let stats = ram.ram_stats();
     assert_eq!(stats.hits as usize, TURNS - 1, "{stats:?}");
+    // Each turn's entry holds a state where it resumed (the previous
+    // turn's end), so it covers and replaces the previous entry.
+    assert_eq!(stats.entries, 1, "{stats:?}");
 }
 
 #[test]

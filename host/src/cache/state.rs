@@ -58,6 +58,11 @@ pub struct RowStates {
     checkpoints: Vec<Checkpoint>,
     /// The states before the last forward.
     prev: Option<Checkpoint>,
+    /// Where these states were last resumed at (a prompt-cache hit, a
+    /// row continuing its own cache): a conversation's turn boundary,
+    /// kept as a checkpoint through thinning, so this row's entry covers
+    /// the one it resumed from.
+    resumed_at: Option<usize>,
 }
 
 impl RowStates {
@@ -109,7 +114,7 @@ impl RowStates {
             pos,
             states: self.current.clone(),
         });
-        thin(&mut self.checkpoints);
+        thin(&mut self.checkpoints, self.resumed_at);
     }
 
     /// The longest position at most `shared` the states can be resumed
@@ -133,6 +138,9 @@ impl RowStates {
     /// empties the whole cache.
     pub fn truncate(&mut self, len: usize, offset: usize) -> bool {
         if len >= offset {
+            if offset > 0 && self.current.iter().any(Option::is_some) {
+                self.resumed_at = Some(offset);
+            }
             return true;
         }
         self.checkpoints.retain(|c| c.pos <= len);
@@ -151,6 +159,7 @@ impl RowStates {
         match restored {
             Some(states) => {
                 self.current = states;
+                self.resumed_at = Some(len);
                 true
             }
             None => {
@@ -167,6 +176,7 @@ impl RowStates {
         }
         self.checkpoints.clear();
         self.prev = None;
+        self.resumed_at = None;
     }
 
     /// Positions of the prefill checkpoints, oldest first (tests, stats).
@@ -226,6 +236,7 @@ impl RowStates {
             current: current?,
             checkpoints,
             prev: None,
+            resumed_at: None,
         })
     }
 
@@ -268,24 +279,29 @@ impl RowStates {
 /// a prompt fed in chunks keeps one about every [`CHECKPOINT_SPACING`]
 /// tokens; beyond [`MAX_CHECKPOINTS`], the one whose neighbours are
 /// closest goes (never the first or the newest), so the rest stay spread
-/// over the whole prompt.
-fn thin(checkpoints: &mut Vec<Checkpoint>) {
+/// over the whole prompt. The one at `pinned` (where the row resumed)
+/// always stays too.
+fn thin(checkpoints: &mut Vec<Checkpoint>, pinned: Option<usize>) {
     let Some(newest) = checkpoints.pop() else {
         return;
     };
+    let is_pinned = |c: &Checkpoint| Some(c.pos) == pinned;
     let mut kept: Vec<Checkpoint> = Vec::with_capacity(checkpoints.len() + 1);
     for c in checkpoints.drain(..) {
         let far = kept
             .last()
             .is_none_or(|k| c.pos >= k.pos + CHECKPOINT_SPACING);
-        if far {
+        if far || is_pinned(&c) {
             kept.push(c);
         }
     }
     kept.push(newest);
     while kept.len() > MAX_CHECKPOINTS {
         // `kept[i]`'s neighbours' distance, for every inner one.
-        let Some(i) = (1..kept.len() - 1).min_by_key(|&i| kept[i + 1].pos - kept[i - 1].pos) else {
+        let Some(i) = (1..kept.len() - 1)
+            .filter(|&i| !is_pinned(&kept[i]))
+            .min_by_key(|&i| kept[i + 1].pos - kept[i - 1].pos)
+        else {
             break;
         };
         kept.remove(i);
@@ -373,6 +389,22 @@ mod tests {
             assert!(c.truncate(p, at));
             assert_eq!(value(&c), p as f32);
         }
+    }
+
+    /// Where a row resumed (a conversation's previous turn) stays a
+    /// checkpoint however close the next chunk ends.
+    #[test]
+    fn the_resume_point_survives_thinning() {
+        let mut s = RowStates::new(1);
+        let mut at = feed(&mut s, 0, 3000);
+        at = feed(&mut s, at, 1);
+        // Resumed at the end (a prompt-cache hit on this row's entry).
+        assert!(s.truncate(at, at));
+        let resumed = at;
+        at = feed(&mut s, at, 300);
+        at = feed(&mut s, at, 400);
+        assert_eq!(s.checkpoint_positions(), vec![3000, resumed, at]);
+        assert_eq!(s.resumable(resumed, at), resumed);
     }
 
     /// What the SSD tier stores of a row comes back as the same states.
