@@ -11,9 +11,13 @@ once): aggregate completion tok/s (all completion tokens / wall time of the roun
 per-request decode tok/s ((completion_tokens - 1) / (last content chunk - first)), with the
 server's drafted / accepted counters (/stats, `batch.speculative`) over each round.
 
+Each (set, level) runs ROUNDS pairs of rounds, without then with, and sums them: a machine whose
+load changes meanwhile slows both alike.
+
 Usage: python speculative.py URL     Env: MAX_TOKENS (256), N1 (prompts per set at batch 1, 3),
-LEVELS ("1 8"), DRAFTER (prompt-lookup), N_MAX (draft length bound; the server's when unset).
-Prints one JSON line per (set, level, mode), then a table with the speed-ups.
+LEVELS ("1 8"), SETS ("code-edit free-text"), ROUNDS (2), DRAFTER (prompt-lookup), N_MAX (draft
+length bound; the server's when unset). Prints one JSON line per (set, level, mode), then a table
+with the speed-ups.
 """
 import json
 import os
@@ -28,26 +32,79 @@ from http_bench import stream_chat  # noqa: E402
 MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "256"))
 N1 = int(os.environ.get("N1", "3"))
 LEVELS = [int(x) for x in os.environ.get("LEVELS", "1 8").split()]
+SETS = os.environ.get("SETS", "code-edit free-text").split()
+ROUNDS = int(os.environ.get("ROUNDS", "2"))
 DRAFTER = os.environ.get("DRAFTER", "prompt-lookup")
 N_MAX = os.environ.get("N_MAX")
 counter = [0]
 
-NAMES = [("total", "amount"), ("items", "entries"), ("result", "output"), ("config", "settings"),
-         ("index", "position"), ("buffer", "chunk"), ("count", "tally"), ("value", "datum")]
+# A 60-line function in the style of real code (each line different), and the names a code-edit
+# prompt renames in it (every one occurs several times).
+FUNCTION = """def summarize_orders(records, config, threshold=100):
+    \"\"\"Group paid orders by customer and flag the ones above threshold.\"\"\"
+    totals = {}
+    errors = []
+    count = 0
+    currency = config.get("currency", "EUR")
+    cutoff = config.get("since")
+    for record in records:
+        if record.get("status") != "paid":
+            continue
+        if cutoff is not None and record["created_at"] < cutoff:
+            continue
+        customer = record.get("customer_id")
+        if customer is None:
+            errors.append(("missing customer", record.get("id")))
+            continue
+        try:
+            amount = float(record["amount"])
+        except (KeyError, TypeError, ValueError) as exc:
+            errors.append((str(exc), record.get("id")))
+            continue
+        if record.get("currency", currency) != currency:
+            rate = config["rates"].get(record["currency"])
+            if rate is None:
+                errors.append(("unknown currency", record.get("id")))
+                continue
+            amount = amount * rate
+        entry = totals.setdefault(customer, {"orders": 0, "amount": 0.0, "items": set()})
+        entry["orders"] += 1
+        entry["amount"] += amount
+        for item in record.get("items", []):
+            entry["items"].add(item["sku"])
+        count += 1
+    flagged = []
+    for customer, entry in sorted(totals.items()):
+        average = entry["amount"] / entry["orders"]
+        if entry["amount"] >= threshold:
+            flagged.append(
+                {
+                    "customer": customer,
+                    "total": round(entry["amount"], 2),
+                    "average": round(average, 2),
+                    "distinct_items": len(entry["items"]),
+                }
+            )
+    flagged.sort(key=lambda row: row["total"], reverse=True)
+    limit = config.get("limit")
+    if limit is not None:
+        flagged = flagged[:limit]
+    report = {
+        "currency": currency,
+        "orders_counted": count,
+        "customers": len(totals),
+        "flagged": flagged,
+        "errors": errors,
+    }
+    if config.get("verbose"):
+        for message, order_id in errors:
+            print(f"order {order_id}: {message}")
+    return report"""
+NAMES = [("totals", "per_customer"), ("errors", "problems"), ("flagged", "large_accounts"),
+         ("config", "settings"), ("entry", "summary"), ("average", "mean"), ("count", "n_counted"),
+         ("threshold", "min_total")]
 TOPICS = ["a lighthouse keeper", "a baker", "a sailor", "a clockmaker", "a gardener", "a pilot",
           "a librarian", "a blacksmith"]
-
-
-def function(k):
-    """A 60-line Python function that uses NAMES[k][0] throughout (deterministic)."""
-    old = NAMES[k % len(NAMES)][0]
-    lines = [f"def process_records_{k}(records, {old}, limit=100):",
-             f'    """Summarise records into {old}, at most limit of them."""']
-    for i in range(29):
-        lines.append(f"    if len(records) > {i} and records[{i}].get('kind') == 'type_{(i * 7 + k) % 13}':")
-        lines.append(f"        {old} = update_{i % 5}({old}, records[{i}]['score'] * {i + 1})")
-    lines.append(f"    return {old}")
-    return "\n".join(lines[:60])
 
 
 def prompt(kind, i):
@@ -55,7 +112,7 @@ def prompt(kind, i):
     if kind == "code-edit":
         old, new = NAMES[i % len(NAMES)]
         return (f"Request {counter[0]}. Rewrite this function, renaming `{old}` to `{new}`. "
-                f"Reply with the whole function only.\n\n```python\n{function(i)}\n```")
+                f"Reply with the whole function only.\n\n```python\n{FUNCTION}\n```")
     return f"Request {counter[0]}. Write a short story about {TOPICS[i % len(TOPICS)]}."
 
 
@@ -111,24 +168,40 @@ def run_round(url, kind, level, spec):
             "acceptance": round((a1 - a0) / (d1 - d0), 3) if d1 > d0 else None}
 
 
+def merge(rounds):
+    """Sums rounds of one (set, level, mode)."""
+    r = dict(rounds[0])
+    for k in ["requests", "completion_tokens", "wall_s", "drafted", "accepted"]:
+        r[k] = round(sum(x[k] for x in rounds), 2)
+    r["aggregate_tok_s"] = round(r["completion_tokens"] / r["wall_s"], 2)
+    r["decode_tok_s"] = round(sum(x["decode_tok_s"] * x["requests"] for x in rounds) / r["requests"], 2)
+    r["acceptance"] = round(r["accepted"] / r["drafted"], 3) if r["drafted"] else None
+    return r
+
+
 def main():
     url = sys.argv[1]
     rows = []
-    for kind in ["code-edit", "free-text"]:
+    for kind in SETS:
         for level in LEVELS:
+            runs = {False: [], True: []}
+            for _ in range(ROUNDS):
+                for spec in [False, True]:
+                    runs[spec].append(run_round(url, kind, level, spec))
             for spec in [False, True]:
-                r = run_round(url, kind, level, spec)
+                r = merge(runs[spec])
                 print(json.dumps(r), flush=True)
                 rows.append(r)
     print(f"\n{'set':10} {'level':>5} {'mode':>14} {'agg tok/s':>10} {'decode tok/s':>12} "
-          f"{'accept':>7} {'speed-up':>8}")
+          f"{'accept':>7} {'agg x':>7} {'decode x':>8}")
     for r in rows:
         base = next(b for b in rows if b["set"] == r["set"] and b["level"] == r["level"]
                     and b["mode"] == "none")
         up = r["aggregate_tok_s"] / base["aggregate_tok_s"] if base["aggregate_tok_s"] else 0
+        dup = r["decode_tok_s"] / base["decode_tok_s"] if base["decode_tok_s"] else 0
         acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
         print(f"{r['set']:10} {r['level']:>5} {r['mode']:>14} {r['aggregate_tok_s']:>10.1f} "
-              f"{r['decode_tok_s']:>12.1f} {acc:>7} {up:>7.2f}x")
+              f"{r['decode_tok_s']:>12.1f} {acc:>7} {up:>6.2f}x {dup:>7.2f}x")
 
 
 if __name__ == "__main__":

@@ -127,8 +127,8 @@ def test_stop_strings_and_tool_calls_are_unchanged(spec_server):
             without["message"]["content"],
             "stop",
         )
-        # A tool call that repeats the prompt's text (prompt lookup drafts it); the scripted
-        # sampler makes the model say it.
+        # A tool call that repeats the prompt's text (prompt lookup drafts it, unless the
+        # server's measured costs pause the row); the scripted sampler makes the model say it.
         tools = {
             "messages": chat(f"Call exactly this:\n{CALL}"),
             "tools": [WEATHER],
@@ -139,7 +139,6 @@ def test_stop_strings_and_tool_calls_are_unchanged(spec_server):
         }
         want = post(http, {**tools, "speculative": False})["choices"][0]
         assert want["finish_reason"] == "tool_calls", want
-        d0, a0 = spec_counts(http)
         got = post(http, tools)["choices"][0]
         assert got["finish_reason"] == "tool_calls"
         strip = lambda calls: [(c["function"]["name"], c["function"]["arguments"]) for c in calls]  # noqa: E731
@@ -147,8 +146,6 @@ def test_stop_strings_and_tool_calls_are_unchanged(spec_server):
         _, finish, calls = streamed(http, tools)
         assert finish == "tool_calls"
         assert [(c["name"], c["arguments"]) for c in calls] == strip(want["message"]["tool_calls"])
-        d1, a1 = spec_counts(http)
-        assert a1 > a0, "the tool call was drafted from the prompt"
 
 
 @pytest.mark.parametrize(

@@ -444,8 +444,7 @@ impl<'s> Scheduler<'s> {
         let elapsed = started.elapsed();
         self.record(&report, chosen, elapsed);
         if report.prefill_tokens == 0 && report.rows > 0 {
-            self.gate
-                .record(report.rows, chosen as usize, elapsed, drafted > 0);
+            self.gate.record(report.rows, drafted, elapsed);
         }
         report.retired += retire.len();
         // Highest index first, so the indices left stay valid.
@@ -487,8 +486,10 @@ impl<'s> Scheduler<'s> {
 
     /// Asks the drafter of every row that may speculate this step for its
     /// drafts (none while the batch gate says drafting does not pay at
-    /// this batch size). A drafter that fails is dropped: its row decodes
-    /// on without drafts. Returns the number of drafts proposed.
+    /// this batch size; each row's draft length from its acceptance and
+    /// the gate's measured costs, [`RowSpec::best_k`]). A drafter that
+    /// fails is dropped: its row decodes on without drafts. Returns the
+    /// number of drafts proposed.
     fn propose_drafts(&mut self, take: &[usize]) -> usize {
         for s in &mut self.running {
             s.drafts.clear();
@@ -505,6 +506,7 @@ impl<'s> Scheduler<'s> {
         if !prefilling && !self.gate.allows(rows) {
             return 0;
         }
+        let cost = self.gate.cost(rows);
         let mut total = 0;
         for i in candidates {
             let seq = &mut self.running[i];
@@ -512,7 +514,7 @@ impl<'s> Scheduler<'s> {
             let Some(spec) = seq.spec.as_mut() else {
                 continue;
             };
-            match spec.propose(&seq.ids, room) {
+            match spec.propose(&seq.ids, room, cost) {
                 Ok(drafts) => {
                     total += drafts.len();
                     seq.drafts = drafts;

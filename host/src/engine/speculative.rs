@@ -16,12 +16,16 @@
 //! greedy and seeded output are unchanged up to the numerics of a
 //! multi-token forward, and stateful plugins see the same histories.
 //!
-//! Scheduling ([`RowSpec`], [`SpecGate`]): each row adapts its draft length
-//! from its acceptance (grown by two after a fully accepted draft, cut by
-//! one after a rejection), pauses drafting (with a doubling back-off) while
-//! its acceptance rate stays low, and the batch stops drafting at a batch
-//! size where measured verify steps give fewer tokens per second than
-//! plain decode steps (probing again after a while).
+//! Scheduling ([`RowSpec`], [`SpecGate`]): the gate measures, per batch
+//! size, what a plain decode step costs and what each verified draft token
+//! adds; each row estimates the probability that a draft is accepted (from
+//! its last verifications) and drafts the length that emits the most
+//! tokens per second under those costs ([`RowSpec::best_k`]), or pauses
+//! (with a doubling back-off, then a one-token probe) when no length beats
+//! plain decoding. Where even fully accepted drafts cannot pay (a large
+//! batch on a compute-bound device), the batch stops drafting for a while.
+//! Before the costs are measured, the length grows by two after a fully
+//! accepted draft and shrinks by one after a rejection.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -82,14 +86,28 @@ impl Drafter for PluginDrafter {
 }
 
 /// Below this acceptance rate (accepted / drafted, smoothed) a row pauses
-/// drafting.
+/// drafting while the batch's costs are not measured yet.
 pub const MIN_ACCEPTANCE: f64 = 0.25;
 /// Smoothing of a row's acceptance rate (weight of the newest step).
 const ACCEPT_ALPHA: f64 = 0.3;
+/// Decay of a row's accepted / rejected counts per verification (its
+/// per-token acceptance estimate remembers the last few verifications).
+const ACCEPT_DECAY: f64 = 0.7;
 /// Steps a row first pauses for; each pause in a row doubles it up to
 /// [`MAX_PAUSE`].
 const FIRST_PAUSE: u32 = 8;
 const MAX_PAUSE: u32 = 256;
+
+/// What a step costs at the batch size of the step being planned
+/// ([`SpecGate::cost`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepCost {
+    /// Seconds of a plain step per row: what one token costs without
+    /// drafts.
+    pub share: f64,
+    /// Seconds a step takes more per draft token it verifies.
+    pub per_draft: f64,
+}
 
 /// One row's speculation state.
 pub struct RowSpec {
@@ -98,12 +116,22 @@ pub struct RowSpec {
     pub max_draft: usize,
     /// The draft length the row asks for next.
     pub k: usize,
-    /// Smoothed acceptance rate.
+    /// Smoothed acceptance rate (accepted / drafted).
     rate: f64,
+    /// Decayed sums of accepted drafts and of rejections (a verification
+    /// that stopped at a draft): the per-token acceptance probability is
+    /// `accepted / (accepted + rejected)`.
+    accepted_sum: f64,
+    rejected_sum: f64,
     /// Steps left before the row drafts again.
     pause: u32,
     /// The next pause's length.
     next_pause: u32,
+    /// After a pause: the next draft is one token, whatever the estimate.
+    probing: bool,
+    /// Whether the last draft length came from the cost model (else from
+    /// the grow / shrink rule).
+    modelled: bool,
     /// Tokens drafted and fed for verification.
     pub drafted: u64,
     /// Of those, accepted.
@@ -118,20 +146,73 @@ impl RowSpec {
             max_draft,
             k: max_draft.clamp(1, 4),
             rate: 0.5,
+            accepted_sum: 1.0,
+            rejected_sum: 1.0,
             pause: 0,
             next_pause: FIRST_PAUSE,
+            probing: false,
+            modelled: false,
             drafted: 0,
             accepted: 0,
         }
     }
 
+    /// The row's per-token acceptance probability estimate.
+    pub fn acceptance(&self) -> f64 {
+        (self.accepted_sum / (self.accepted_sum + self.rejected_sum)).clamp(0.0, 0.99)
+    }
+
+    /// The draft length that emits the most tokens per second at `cost`,
+    /// with each draft accepted with probability `a` until the first
+    /// rejection: a step of `k` drafts emits `(1 - a^(k+1)) / (1 - a)`
+    /// tokens (the accepted drafts and the token after them) for
+    /// `share + k * per_draft` seconds of the batch's time, against one
+    /// token per `share` without drafts. `None` when no length beats that.
+    pub fn best_k(&self, cost: StepCost) -> Option<usize> {
+        let a = self.acceptance();
+        let plain = 1.0 / cost.share;
+        (1..=self.max_draft.max(1))
+            .map(|k| {
+                let tokens = (1.0 - a.powi(k as i32 + 1)) / (1.0 - a);
+                (k, tokens / (cost.share + k as f64 * cost.per_draft))
+            })
+            .filter(|&(_, v)| v > plain)
+            .max_by(|x, y| x.1.total_cmp(&y.1))
+            .map(|(k, _)| k)
+    }
+
     /// Drafts for the row's next step: up to `min(k, room)` tokens, or
-    /// none while paused. A drafter failure is returned (the caller drops
-    /// the drafter).
-    pub fn propose(&mut self, history: &[u32], room: usize) -> Result<Vec<u32>, String> {
+    /// none while paused. With the batch's `cost` measured, `k` is
+    /// [`RowSpec::best_k`] and a row for which no length pays pauses;
+    /// before that, `k` grows by two after a fully accepted draft and
+    /// shrinks by one after a rejection, and a row whose acceptance rate
+    /// falls below [`MIN_ACCEPTANCE`] pauses. A drafter failure is
+    /// returned (the caller drops the drafter).
+    pub fn propose(
+        &mut self,
+        history: &[u32],
+        room: usize,
+        cost: Option<StepCost>,
+    ) -> Result<Vec<u32>, String> {
         if self.pause > 0 {
             self.pause -= 1;
             return Ok(Vec::new());
+        }
+        self.modelled = false;
+        if self.probing {
+            self.probing = false;
+            self.k = 1;
+        } else if let Some(cost) = cost {
+            match self.best_k(cost) {
+                Some(k) => {
+                    self.k = k;
+                    self.modelled = true;
+                }
+                None => {
+                    self.back_off();
+                    return Ok(Vec::new());
+                }
+            }
         }
         let k = self.k.min(room);
         if k == 0 {
@@ -141,13 +222,17 @@ impl RowSpec {
     }
 
     /// After a verification that fed `drafted` drafts of which `accepted`
-    /// were taken: adapts `k` and pauses a row whose drafts keep failing.
+    /// were taken: updates the acceptance estimates, adapts `k` and
+    /// pauses a row whose drafts keep failing.
     pub fn record(&mut self, drafted: usize, accepted: usize) {
         if drafted == 0 {
             return;
         }
         self.drafted += drafted as u64;
         self.accepted += accepted as u64;
+        self.accepted_sum = ACCEPT_DECAY * self.accepted_sum + accepted as f64;
+        self.rejected_sum =
+            ACCEPT_DECAY * self.rejected_sum + f64::from(u8::from(accepted < drafted));
         let rate = accepted as f64 / drafted as f64;
         self.rate = (1.0 - ACCEPT_ALPHA) * self.rate + ACCEPT_ALPHA * rate;
         self.k = if accepted == drafted {
@@ -155,15 +240,21 @@ impl RowSpec {
         } else {
             self.k.saturating_sub(1).max(1)
         };
-        if self.rate < MIN_ACCEPTANCE {
-            self.pause = self.next_pause;
-            self.next_pause = (self.next_pause * 2).min(MAX_PAUSE);
-            // Probe again from the threshold with one token.
-            self.rate = MIN_ACCEPTANCE;
-            self.k = 1;
+        if !self.modelled && self.rate < MIN_ACCEPTANCE {
+            self.back_off();
         } else if accepted > 0 {
             self.next_pause = FIRST_PAUSE;
         }
+    }
+
+    /// Pauses drafting (each pause in a row twice the last), then probes
+    /// again with one token.
+    fn back_off(&mut self) {
+        self.pause = self.next_pause;
+        self.next_pause = (self.next_pause * 2).min(MAX_PAUSE);
+        self.rate = MIN_ACCEPTANCE;
+        self.probing = true;
+        self.k = 1;
     }
 
     /// The drafter's name.
@@ -201,32 +292,49 @@ impl Verify {
     }
 }
 
-/// Steps of each kind at a batch size before the gate judges it.
-const GATE_MIN_SAMPLES: u32 = 6;
-/// Steps drafting stays off at a batch size once it did not pay; then
-/// verify steps are measured again.
+/// Drafted steps at a batch size before the gate judges it.
+const GATE_MIN_SAMPLES: u32 = 4;
+/// Steps drafting stays off at a batch size where even fully accepted
+/// drafts would not pay; then verify steps are measured again.
 const GATE_OFF_STEPS: u32 = 128;
-/// A plain (draft-free) step is forced this often while drafting pays, so
-/// the plain rate stays measured.
+/// A plain (draft-free) step is forced this often while rows draft, so
+/// the plain step time stays measured.
 const GATE_PROBE_EVERY: u64 = 64;
-/// Smoothing of the gate's rates.
+/// Smoothing of the gate's measurements (weight of the newest step).
 const GATE_ALPHA: f64 = 0.2;
 
 #[derive(Debug, Default, Clone)]
 struct GateEntry {
-    /// Tokens per second of decode steps without drafts.
+    /// Seconds per decode-only step without drafts.
     plain: f64,
     plain_n: u32,
-    /// ... of steps with drafts.
-    spec: f64,
+    /// Seconds a step takes more per draft token it verifies (the extra
+    /// positions of the forward and the verification rounds).
+    per_draft: f64,
     spec_n: u32,
     /// Steps left with drafting off.
     off: u32,
 }
 
-/// The batch-wide judgement: at each batch size, whether steps with
-/// drafts emit more tokens per second than steps without (measured on the
-/// running server, decode-only steps).
+impl GateEntry {
+    /// The acceptance rate at which drafting breaks even at `rows` rows:
+    /// a plain step emits `rows` tokens in `plain` seconds, so a token
+    /// costs `plain / rows`; a draft costs `per_draft` and returns a token
+    /// with the row's acceptance probability `p`. Drafting pays when
+    /// `p * plain / rows > per_draft`. `None` until both are measured.
+    fn break_even(&self, rows: usize) -> Option<f64> {
+        (self.plain_n > 0 && self.spec_n >= GATE_MIN_SAMPLES && self.plain > 0.0)
+            .then(|| self.per_draft * rows as f64 / self.plain)
+    }
+}
+
+/// The batch-wide cost model: per number of rows in a decode-only step,
+/// what a plain step takes and what each verified draft token adds
+/// (measured on the running server). From them, each row's draft length
+/// ([`RowSpec::best_k`]: rows for which no length pays stop drafting, with
+/// their back-off), and where even a fully
+/// accepted draft would not pay (a big batch on a GPU is compute-bound:
+/// the extra positions cost what a step saves), no row drafts for a while.
 #[derive(Debug, Default)]
 pub struct SpecGate {
     by_rows: BTreeMap<usize, GateEntry>,
@@ -244,56 +352,74 @@ impl SpecGate {
             e.off -= 1;
             self.off_steps += 1;
             if e.off == 0 {
-                // Measure both again.
+                // Measure the verify cost again.
                 e.spec_n = 0;
-                e.plain_n = 0;
             }
             return false;
         }
-        // Keep the plain rate measured.
-        !(self.steps.is_multiple_of(GATE_PROBE_EVERY)
-            || (e.plain_n < 2 && e.spec_n >= GATE_MIN_SAMPLES))
+        // Keep the plain step time measured (the first step at a batch
+        // size is plain).
+        !(self.steps.is_multiple_of(GATE_PROBE_EVERY) || e.plain_n == 0)
     }
 
-    /// A decode-only step of `rows` rows emitted `tokens` in `took`;
-    /// `drafted`: whether any row verified drafts in it.
-    pub fn record(&mut self, rows: usize, tokens: usize, took: Duration, drafted: bool) {
+    /// What a step of `rows` rows costs per plain token and per draft;
+    /// `None` until measured.
+    pub fn cost(&self, rows: usize) -> Option<StepCost> {
+        let e = self.by_rows.get(&rows)?;
+        e.break_even(rows)?;
+        Some(StepCost {
+            share: e.plain / rows as f64,
+            per_draft: e.per_draft,
+        })
+    }
+
+    /// A decode-only step of `rows` rows took `took` and verified
+    /// `drafted` draft tokens (0: a plain step).
+    pub fn record(&mut self, rows: usize, drafted: usize, took: Duration) {
         let secs = took.as_secs_f64();
         if rows == 0 || secs <= 0.0 {
             return;
         }
-        let rate = tokens as f64 / secs;
+        let smooth = |old: f64, n: u32, new: f64| {
+            if n == 0 {
+                new
+            } else {
+                (1.0 - GATE_ALPHA) * old + GATE_ALPHA * new
+            }
+        };
         let e = self.by_rows.entry(rows).or_default();
-        let (r, n) = if drafted {
-            (&mut e.spec, &mut e.spec_n)
-        } else {
-            (&mut e.plain, &mut e.plain_n)
-        };
-        *r = if *n == 0 {
-            rate
-        } else {
-            (1.0 - GATE_ALPHA) * *r + GATE_ALPHA * rate
-        };
-        *n = n.saturating_add(1);
-        if e.spec_n >= GATE_MIN_SAMPLES && e.plain_n >= 2 && e.spec < e.plain {
+        if drafted == 0 {
+            e.plain = smooth(e.plain, e.plain_n, secs);
+            e.plain_n = e.plain_n.saturating_add(1);
+            return;
+        }
+        if e.plain_n == 0 {
+            // The extra cost is only known against a plain step.
+            return;
+        }
+        let extra = (secs - e.plain).max(0.0) / drafted as f64;
+        e.per_draft = smooth(e.per_draft, e.spec_n, extra);
+        e.spec_n = e.spec_n.saturating_add(1);
+        if e.break_even(rows).is_some_and(|b| b >= 1.0) {
             tracing::debug!(
                 rows,
-                spec_tok_s = e.spec,
-                plain_tok_s = e.plain,
-                "speculation does not pay at this batch size; off for a while"
+                plain_step_s = e.plain,
+                per_draft_s = e.per_draft,
+                "drafts cannot pay at this batch size; drafting off for a while"
             );
             e.off = GATE_OFF_STEPS;
         }
     }
 
-    /// Per batch size: (rows, plain tok/s, spec tok/s, drafting now).
+    /// The gate's measurements per batch size (`/stats`).
     pub fn table(&self) -> Vec<GateRow> {
         self.by_rows
             .iter()
             .map(|(&rows, e)| GateRow {
                 rows,
-                plain_tok_s: e.plain,
-                spec_tok_s: e.spec,
+                plain_step_ms: 1e3 * e.plain,
+                per_draft_ms: 1e3 * e.per_draft,
+                break_even_acceptance: e.break_even(rows),
                 drafting: e.off == 0,
             })
             .collect()
@@ -305,10 +431,13 @@ impl SpecGate {
 pub struct GateRow {
     /// Rows in the step.
     pub rows: usize,
-    /// Smoothed tokens per second of decode steps without drafts.
-    pub plain_tok_s: f64,
-    /// ... with drafts.
-    pub spec_tok_s: f64,
+    /// Smoothed milliseconds per decode-only step without drafts.
+    pub plain_step_ms: f64,
+    /// Smoothed milliseconds a step takes more per draft token verified.
+    pub per_draft_ms: f64,
+    /// The acceptance rate a row needs for drafting to pay at this batch
+    /// size (`per_draft * rows / plain_step`); `null` until measured.
+    pub break_even_acceptance: Option<f64>,
     /// Whether rows may draft at this batch size now.
     pub drafting: bool,
 }
@@ -367,37 +496,90 @@ mod tests {
         assert_eq!(r.k, 1);
         let paused = r.pause;
         for _ in 0..paused {
-            assert!(r.propose(&[1], 8).unwrap_or_default().is_empty());
+            assert!(r.propose(&[1], 8, None).unwrap_or_default().is_empty());
         }
         assert_eq!(
-            r.propose(&[1], 8).unwrap_or_default(),
+            r.propose(&[1], 8, None).unwrap_or_default(),
             vec![1],
             "probes with one"
         );
         assert!(
-            r.propose(&[1], 0).unwrap_or_default().is_empty(),
+            r.propose(&[1], 0, None).unwrap_or_default().is_empty(),
             "no room, no drafts"
         );
     }
 
     #[test]
-    fn the_gate_turns_drafting_off_where_it_is_slower_and_probes_plain_steps() {
+    fn with_measured_costs_the_draft_length_follows_acceptance_and_cost() {
+        let mut r = RowSpec::new(Box::new(Fixed(vec![1; 16])), 8);
+        // Drafts a third of a plain token's cost each (a CPU at batch 1).
+        let cpu = StepCost {
+            share: 0.030,
+            per_draft: 0.010,
+        };
+        let cheap = StepCost {
+            share: 0.030,
+            per_draft: 0.0005,
+        };
+        for _ in 0..10 {
+            r.record(4, 4);
+        }
+        assert!(r.acceptance() > 0.95);
+        let long = r.best_k(cpu).unwrap_or(0);
+        assert!((5..=8).contains(&long), "{long}");
+        assert_eq!(r.best_k(cheap), Some(8), "cheap drafts: the bound");
+        for _ in 0..10 {
+            r.record(4, 1);
+        }
+        assert!(r.acceptance() < 0.6);
+        assert!(r.best_k(cpu).unwrap_or(0) <= 2);
+        // At 20% acceptance no length pays at a third of a token per draft:
+        // the row pauses, then probes with one token.
+        for _ in 0..10 {
+            r.record(5, 0);
+        }
+        assert_eq!(r.best_k(cpu), None);
+        assert!(r.propose(&[1], 8, Some(cpu)).unwrap_or_default().is_empty());
+        let paused = r.pause;
+        assert!(paused > 0);
+        for _ in 0..paused {
+            assert!(r.propose(&[1], 8, Some(cpu)).unwrap_or_default().is_empty());
+        }
+        assert_eq!(r.propose(&[1], 8, Some(cpu)).unwrap_or_default(), vec![1]);
+    }
+
+    #[test]
+    fn the_gate_measures_what_a_draft_costs_and_turns_drafting_off_where_none_can_pay() {
         let mut g = SpecGate::default();
         let ms = Duration::from_millis;
-        for _ in 0..3 {
-            g.record(8, 8, ms(100), false);
+        assert!(!g.allows(1), "the first step at a batch size is plain");
+        g.record(1, 0, ms(40));
+        assert_eq!(g.cost(1), None, "not measured yet");
+        for _ in 0..GATE_MIN_SAMPLES {
+            assert!(g.allows(1));
+            // 4 drafts add 8 ms: 2 ms each against 40 ms per token.
+            g.record(1, 4, ms(48));
         }
+        let c = g.cost(1).expect("measured");
+        assert!(
+            (c.share - 0.040).abs() < 1e-9 && (c.per_draft - 0.002).abs() < 1e-9,
+            "{c:?}"
+        );
+        // At 8 rows a plain step emits 8 tokens in 50 ms (6.25 ms each); a
+        // draft that adds 10 ms can never pay.
+        assert!(!g.allows(8));
+        g.record(8, 0, ms(50));
         for _ in 0..GATE_MIN_SAMPLES {
             assert!(g.allows(8));
-            g.record(8, 9, ms(150), true);
+            g.record(8, 8, ms(130));
         }
-        assert!(!g.allows(8), "60 tok/s with drafts < 80 without");
-        for _ in 0..3 {
-            g.record(1, 1, ms(10), false);
+        assert!(!g.allows(8), "off at 8 rows");
+        let table = g.table();
+        assert!(table.iter().any(|r| r.rows == 1 && r.drafting));
+        assert!(table.iter().any(|r| r.rows == 8 && !r.drafting));
+        for _ in 1..GATE_OFF_STEPS {
+            assert!(!g.allows(8));
         }
-        for _ in 0..GATE_MIN_SAMPLES {
-            g.record(1, 3, ms(15), true);
-        }
-        assert!(g.table().iter().any(|r| r.rows == 1 && r.drafting));
+        assert!(g.allows(8), "measured again after a while");
     }
 }
