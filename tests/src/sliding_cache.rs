@@ -66,7 +66,8 @@ impl SequenceSink for Sink {
 pub struct Fixture {
     /// The model.
     pub model: LoadedModel,
-    plugins: Arc<PluginHost>,
+    /// The plugins (`standard`).
+    pub plugins: Arc<PluginHost>,
     _dir: tempfile::TempDir,
 }
 

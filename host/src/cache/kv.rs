@@ -203,6 +203,20 @@ impl KvCache {
         }
     }
 
+    /// Gives recurrent states that are views into a decode step's stacked
+    /// states (`cache::state::StackSlot`) arrays of their own, evaluated
+    /// now, as [`KvCache::detach`] does for the decode slab: a cache
+    /// leaving its batch (for the prompt cache) must not keep every row's
+    /// state alive.
+    pub fn detach_states(&mut self) {
+        if let Some(states) = &mut self.states {
+            let copies = states.detach();
+            if !copies.is_empty() {
+                let _ = mlx_rs::transforms::eval(copies.iter());
+            }
+        }
+    }
+
     /// The recurrent layers' states and checkpoints; `None` without
     /// recurrent layers.
     pub fn states(&self) -> Option<&RowStates> {

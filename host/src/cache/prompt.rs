@@ -267,8 +267,10 @@ impl PromptCache {
         tokens: Vec<u32>,
         mut kv: KvCache,
     ) -> Option<Snapshot> {
-        // A row still in the decode slab brings its buffers out of it.
+        // A row still in the decode slab brings its buffers out of it (and
+        // its recurrent states out of the last decode step's stack).
         kv.detach();
+        kv.detach_states();
         if tokens.is_empty() || kv.offset() != tokens.len() {
             return None;
         }

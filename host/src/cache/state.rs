@@ -39,6 +39,41 @@ pub struct LayerState {
     pub conv: Array,
     /// The recurrent state, `[1, H_v, D_v, D_k]` float32.
     pub ssm: Array,
+    /// When the arrays are row `row` of a decode step's stacked `[B,
+    /// ...]` states (views into them): which stack. The next step takes
+    /// the stack itself when its rows are the same, so states stay one
+    /// batched array while rows decode together.
+    pub slot: Option<StackSlot>,
+}
+
+/// A row's place in a decode step's stacked states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StackSlot {
+    /// The stack's id (unique per step and layer).
+    pub stack: u64,
+    /// The row's index in it.
+    pub row: usize,
+}
+
+impl LayerState {
+    /// A row's own state (not a view into a stack).
+    pub fn new(conv: Array, ssm: Array) -> Self {
+        LayerState {
+            conv,
+            ssm,
+            slot: None,
+        }
+    }
+
+    /// The state in arrays of its own: a view into a stack is copied
+    /// (else it would keep every row's state alive); unchanged otherwise.
+    fn detached(&self) -> Self {
+        if self.slot.is_none() {
+            return self.clone();
+        }
+        let copy = |a: &Array| super::kv::fresh_copy(a).unwrap_or_else(|_| a.clone());
+        LayerState::new(copy(&self.conv), copy(&self.ssm))
+    }
 }
 
 /// Every recurrent layer's state at one position.
@@ -167,6 +202,29 @@ impl RowStates {
                 false
             }
         }
+    }
+
+    /// Copies every state that is a view into a decode step's stack into
+    /// arrays of its own (a row leaving the batch, for the prompt cache).
+    /// Returns the arrays to evaluate.
+    pub fn detach(&mut self) -> Vec<Array> {
+        let mut out = Vec::new();
+        let states = self
+            .current
+            .iter_mut()
+            .chain(
+                self.checkpoints
+                    .iter_mut()
+                    .flat_map(|c| c.states.iter_mut()),
+            )
+            .chain(self.prev.iter_mut().flat_map(|c| c.states.iter_mut()));
+        for s in states.flatten() {
+            if s.slot.is_some() {
+                *s = s.detached();
+                out.extend([s.conv.clone(), s.ssm.clone()]);
+            }
+        }
+        out
     }
 
     /// Fresh states, no checkpoints.
@@ -314,10 +372,10 @@ mod tests {
     use super::*;
 
     fn state(v: f32) -> LayerState {
-        LayerState {
-            conv: Array::from_slice(&[v], &[1, 1, 1]),
-            ssm: Array::from_slice(&[v], &[1, 1, 1, 1]),
-        }
+        LayerState::new(
+            Array::from_slice(&[v], &[1, 1, 1]),
+            Array::from_slice(&[v], &[1, 1, 1, 1]),
+        )
     }
 
     fn value(s: &RowStates) -> f32 {

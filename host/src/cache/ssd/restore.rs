@@ -274,7 +274,7 @@ pub fn load(
             for point in &mut points {
                 let conv = arrays.next().ok_or_else(short)?;
                 let ssm = arrays.next().ok_or_else(short)?;
-                point.1[l] = Some(LayerState { conv, ssm });
+                point.1[l] = Some(LayerState::new(conv, ssm));
             }
             layers.push(None);
         } else {

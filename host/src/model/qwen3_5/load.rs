@@ -80,6 +80,7 @@ fn build_text(c: &ModelConfig, tensors: &TensorMap, compute: ComputeDtype) -> Re
         lm_head,
         dtype: ld.act,
         layer_kernel: ld.layer_kernel(),
+        stacks: Default::default(),
     })
 }
 

@@ -42,8 +42,11 @@ use super::gated_delta;
 use super::linear::{Embedding, Linear};
 use super::llama::{DenseMlp, Projections, RowInput};
 use super::ragged;
-use crate::cache::state::LayerState;
+use crate::cache::state::{LayerState, StackSlot};
 use crate::cache::{KvCache, LayerKind};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 /// A gated-DeltaNet layer's parameters.
 #[derive(Debug, Clone)]
@@ -116,7 +119,51 @@ pub struct Qwen35 {
     pub dtype: Dtype,
     /// CPU kernel for the layers' decode-sized quantized products.
     pub layer_kernel: Kernel,
+    /// Each DeltaNet layer's stacked states from the last decode step.
+    pub stacks: DecodeStacks,
 }
+
+/// One DeltaNet layer's states after a decode step, stacked `[B, ...]` in
+/// the step's row order: the decoding rows' states are row views of these
+/// arrays ([`StackSlot`]). The next step takes them as they are when it
+/// decodes the same rows in the same order, gathers the rows still there
+/// when some left, and appends the states of rows that joined, so the
+/// batch's states stay one array per layer while rows come and go (as the
+/// decode slab keeps KV on GPU backends) instead of being stacked from
+/// per-row arrays every step.
+#[derive(Debug)]
+struct Stacked {
+    id: u64,
+    conv: Array,
+    ssm: Array,
+}
+
+/// Per layer, the last decode step's [`Stacked`] states (interior
+/// mutability: the forward takes `&self`). Cloning a model starts it
+/// empty.
+#[derive(Debug, Default)]
+pub struct DecodeStacks(Mutex<HashMap<usize, Stacked>>);
+
+impl Clone for DecodeStacks {
+    fn clone(&self) -> Self {
+        DecodeStacks::default()
+    }
+}
+
+impl DecodeStacks {
+    fn take(&self, layer: usize) -> Option<Stacked> {
+        self.0.lock().ok()?.remove(&layer)
+    }
+
+    fn put(&self, layer: usize, stacked: Stacked) {
+        if let Ok(mut m) = self.0.lock() {
+            m.insert(layer, stacked);
+        }
+    }
+}
+
+/// Ids of [`Stacked`] states, unique in the process.
+static NEXT_STACK: AtomicU64 = AtomicU64::new(1);
 
 impl Qwen35 {
     /// Runs the rows' new tokens through the model, extending each row's
@@ -298,19 +345,16 @@ impl Qwen35 {
         let (conv, conv_state) = gated_delta::causal_conv(&x, &conv_state, &d.conv_weight)?;
         let (q, k, v) = self.split_qkv(dims, &conv.index(0))?;
         let (y, ssm) = gated_delta::chunked(&q, &k, &v, log_g, beta, &ssm)?;
-        cache.set_state(
-            l,
-            LayerState {
-                conv: conv_state,
-                ssm: ssm.expand_dims(0)?,
-            },
-        )?;
+        cache.set_state(l, LayerState::new(conv_state, ssm.expand_dims(0)?))?;
         Ok(y)
     }
 
     /// The rows in `decoding` (one token each) through the conv and one
-    /// recurrent step together: their states stacked `[B, ...]`, the new
-    /// states handed back row by row. Returns `[B, H_v, D_v]` (float32).
+    /// recurrent step together, their states one `[B, ...]` batch
+    /// ([`Stacked`]: the last step's stack as it is, its rows still here
+    /// gathered, rows that joined appended); each row's new state is its
+    /// row of the new stack. Returns `[B, H_v, D_v]` (float32) in
+    /// `decoding`'s order.
     #[allow(clippy::too_many_arguments)]
     fn delta_decode(
         &self,
@@ -324,19 +368,53 @@ impl Qwen35 {
         log_g: &Array,
         beta: &Array,
     ) -> Result<Array> {
+        let prior = self.stacks.take(l);
+        // Each decoding row's row in the last step's stack, if it is one.
+        let slots: Vec<Option<usize>> = decoding
+            .iter()
+            .map(|&r| {
+                let slot = rows[r].cache.state(l).and_then(|s| s.slot)?;
+                let prior = prior.as_ref()?;
+                (slot.stack == prior.id).then_some(slot.row)
+            })
+            .collect();
+        // The step's row order: the stacked rows first, then the others
+        // (each group in `decoding`'s order).
+        let order: Vec<usize> = (0..decoding.len())
+            .filter(|&j| slots[j].is_some())
+            .chain((0..decoding.len()).filter(|&j| slots[j].is_none()))
+            .collect();
+        let in_order = order.iter().enumerate().all(|(i, &j)| i == j);
         let b = decoding.len() as i32;
-        let all = decoding.len() == rows.len();
+        let all = decoding.len() == rows.len() && in_order;
         let pick = |a: &Array| -> Result<Array> {
             if all {
                 return Ok(a.clone());
             }
-            let idx: Vec<i32> = decoding.iter().map(|&r| starts[r]).collect();
+            let idx: Vec<i32> = order.iter().map(|&j| starts[decoding[j]]).collect();
             Ok(a.take_axis(Array::from_slice(&idx, &[b]), 0)?)
         };
-        let mut convs = Vec::with_capacity(decoding.len());
-        let mut ssms = Vec::with_capacity(decoding.len());
-        for &r in decoding {
-            match rows[r].cache.state(l) {
+        // States of the stacked rows, taken from the stack.
+        let kept: Vec<usize> = order.iter().filter_map(|&j| slots[j]).collect();
+        let mut convs = Vec::new();
+        let mut ssms = Vec::new();
+        if let Some(prior) = prior.as_ref().filter(|_| !kept.is_empty()) {
+            let whole = kept.len() == prior.ssm.shape()[0] as usize
+                && kept.iter().enumerate().all(|(i, &r)| i == r);
+            if whole {
+                convs.push(prior.conv.clone());
+                ssms.push(prior.ssm.clone());
+            } else {
+                let idx: Vec<i32> = kept.iter().map(|&r| r as i32).collect();
+                let idx = Array::from_slice(&idx, &[idx.len() as i32]);
+                convs.push(prior.conv.take_axis(&idx, 0)?);
+                ssms.push(prior.ssm.take_axis(&idx, 0)?);
+            }
+        }
+        // Rows that joined: their own states (zeros before their first
+        // token).
+        for &j in order.iter().filter(|&&j| slots[j].is_none()) {
+            match rows[decoding[j]].cache.state(l) {
                 Some(s) => {
                     convs.push(s.conv.clone());
                     ssms.push(s.ssm.clone());
@@ -347,12 +425,9 @@ impl Qwen35 {
                 }
             }
         }
-        let stack = |parts: Vec<Array>| -> Result<Array> {
+        let stack = |mut parts: Vec<Array>| -> Result<Array> {
             Ok(match parts.len() {
-                1 => parts
-                    .into_iter()
-                    .next()
-                    .unwrap_or_else(|| Array::from_f32(0.0)),
+                1 => parts.remove(0),
                 _ => ops::concatenate(&parts, 0)?,
             })
         };
@@ -371,22 +446,37 @@ impl Qwen35 {
             &pick(beta)?,
             &ssm,
         )?;
-        for (j, &r) in decoding.iter().enumerate() {
-            let j = j as i32;
-            let state = if b == 1 {
-                LayerState {
-                    conv: conv_state.clone(),
-                    ssm: ssm.clone(),
-                }
-            } else {
-                LayerState {
-                    conv: conv_state.index(j..j + 1),
-                    ssm: ssm.index(j..j + 1),
-                }
+        let id = NEXT_STACK.fetch_add(1, Ordering::Relaxed);
+        for (i, &j) in order.iter().enumerate() {
+            let at = i as i32;
+            let (conv, ssm) = match b {
+                1 => (conv_state.clone(), ssm.clone()),
+                _ => (conv_state.index(at..at + 1), ssm.index(at..at + 1)),
             };
-            rows[r].cache.set_state(l, state)?;
+            let state = LayerState {
+                conv,
+                ssm,
+                slot: Some(StackSlot { stack: id, row: i }),
+            };
+            rows[decoding[j]].cache.set_state(l, state)?;
         }
-        Ok(y)
+        self.stacks.put(
+            l,
+            Stacked {
+                id,
+                conv: conv_state,
+                ssm,
+            },
+        );
+        if in_order {
+            return Ok(y);
+        }
+        // Back to `decoding`'s order.
+        let mut inverse = vec![0i32; order.len()];
+        for (i, &j) in order.iter().enumerate() {
+            inverse[j] = i as i32;
+        }
+        Ok(y.take_axis(Array::from_slice(&inverse, &[b]), 0)?)
     }
 
     /// A fresh conv state for `b` rows, `[b, K - 1, C]` (zeros, as mlx-lm
