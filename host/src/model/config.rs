@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 pub use super::gemma4::config::{is_gemma4, Gemma4Config};
 pub use super::gpt_oss::config::is_gpt_oss;
-pub use super::qwen3_5::config::{is_qwen3_5, LinearAttnConfig};
+pub use super::qwen3_5::config::{is_qwen3_5, is_qwen3_next, LinearAttnConfig};
 
 /// Per-tensor affine quantization: `bits` per weight, one f16 scale and bias
 /// per `group_size` consecutive weights along the input dimension (MLX's
@@ -32,6 +32,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "gemma4",
     "gpt_oss",
     "qwen3_5",
+    "qwen3_next",
 ];
 
 /// Whether `model_type` names Gemma 3's text decoder (mlx-lm's
@@ -293,7 +294,7 @@ impl ModelConfig {
         if is_gpt_oss(&self.model_type) {
             super::gpt_oss::config::validate(self)?;
         }
-        if is_qwen3_5(&self.model_type) {
+        if super::qwen3_5::config::is_hybrid(&self.model_type) {
             super::qwen3_5::config::validate(self)?;
         }
         if self.model_type == "qwen3_moe" && self.moe.num_experts.unwrap_or(0) == 0 {

@@ -232,7 +232,7 @@ impl<'a> Loader<'a> {
     /// Layer `l`'s MLP at `mlp` (`model.layers.{l}.mlp`): on the sparse
     /// layers of a mixture-of-experts model ([`super::config::MoeConfig`])
     /// its router and experts, else the dense SwiGLU.
-    fn mlp(&self, c: &ModelConfig, l: usize, mlp: &str) -> Result<Mlp> {
+    pub(super) fn mlp(&self, c: &ModelConfig, l: usize, mlp: &str) -> Result<Mlp> {
         let h = c.hidden_size;
         if !c.moe.is_sparse_layer(l) {
             let i = c.intermediate_size;
@@ -325,7 +325,7 @@ pub fn build_model(
         Ok(Box::new(super::gpt_oss::build_gpt_oss(
             config, tensors, compute,
         )?))
-    } else if super::config::is_qwen3_5(&config.model_type) {
+    } else if super::qwen3_5::config::is_hybrid(&config.model_type) {
         Ok(Box::new(super::qwen3_5::build_qwen3_5(
             config, tensors, compute,
         )?))

@@ -19,6 +19,19 @@ pub fn is_qwen3_5(model_type: &str) -> bool {
     model_type == "qwen3_5"
 }
 
+/// Whether `model_type` names Qwen3-Next (Qwen3.5's hybrid with the
+/// DeltaNet projections fused per key head and mixture-of-experts MLPs
+/// with a shared expert: Qwen3-Next-80B-A3B).
+pub fn is_qwen3_next(model_type: &str) -> bool {
+    model_type == "qwen3_next"
+}
+
+/// Whether `model_type` is one of the gated-DeltaNet hybrids this module
+/// builds ([`is_qwen3_5`], [`is_qwen3_next`]).
+pub fn is_hybrid(model_type: &str) -> bool {
+    is_qwen3_5(model_type) || is_qwen3_next(model_type)
+}
+
 /// The linear-attention (gated DeltaNet) fields of `config.json`, in that
 /// spelling, plus the partial RoPE of the full-attention layers; all
 /// absent on other models.
@@ -48,6 +61,9 @@ pub struct LinearAttnConfig {
     /// Biases on the full-attention projections.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_bias: Option<bool>,
+    /// Qwen3-Next: the width of the shared expert beside the routed ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_expert_intermediate_size: Option<usize>,
 }
 
 /// A DeltaNet layer's geometry.
@@ -138,7 +154,25 @@ fn defaults() -> Value {
 /// read into `rope_theta`, `partial_rotary_factor` and `rope_scaling` (a
 /// `default` RoPE leaves none); other configs unchanged.
 pub fn normalize(raw: Value) -> Value {
-    if !is_qwen3_5(raw["model_type"].as_str().unwrap_or_default()) {
+    let model_type = raw["model_type"].as_str().unwrap_or_default().to_string();
+    if is_qwen3_next(&model_type) {
+        // mlx-lm's `qwen3_next.ModelArgs`: a flat config whose RoPE fields
+        // are the flat `rope_theta`, `partial_rotary_factor` and
+        // `rope_scaling`; defaults only for the fields it defaults.
+        let mut flat = raw.as_object().cloned().unwrap_or_default();
+        for (k, v) in [
+            ("full_attention_interval", json!(4)),
+            ("attention_bias", json!(false)),
+            ("norm_topk_prob", json!(false)),
+            ("tie_word_embeddings", json!(false)),
+        ] {
+            if flat.get(k).is_none_or(Value::is_null) {
+                flat.insert(k.into(), v);
+            }
+        }
+        return Value::Object(flat);
+    }
+    if !is_qwen3_5(&model_type) {
         return raw;
     }
     let mut flat: Map<String, Value> = match raw.get("text_config").and_then(Value::as_object) {
@@ -212,8 +246,8 @@ pub fn normalize(raw: Value) -> Value {
     Value::Object(flat)
 }
 
-/// Checks what mlxhost runs of a `qwen3_5` config; the message names the
-/// field.
+/// Checks what mlxhost runs of a `qwen3_5` or `qwen3_next` config; the
+/// message names the field.
 pub fn validate(c: &ModelConfig) -> Result<(), String> {
     let a = &c.linear_attn;
     let d = a.dims();
@@ -248,12 +282,25 @@ pub fn validate(c: &ModelConfig) -> Result<(), String> {
         ));
     }
     if a.attention_bias == Some(true) {
-        return Err("`attention_bias: true` is not supported yet for `qwen3_5`".into());
+        return Err(format!(
+            "`attention_bias: true` is not supported yet for `{}`",
+            c.model_type
+        ));
     }
-    if c.moe.num_experts.unwrap_or(0) > 0 {
+    let experts = c.moe.num_experts.unwrap_or(0);
+    if is_qwen3_5(&c.model_type) && experts > 0 {
         return Err(
             "`num_experts`: Qwen3.5's mixture of experts is `qwen3_5_moe`, not \
                     supported yet"
+                .into(),
+        );
+    }
+    if is_qwen3_next(&c.model_type)
+        && experts > 0
+        && a.shared_expert_intermediate_size.unwrap_or(0) == 0
+    {
+        return Err(
+            "`shared_expert_intermediate_size` must be positive for `qwen3_next` with experts"
                 .into(),
         );
     }
@@ -314,5 +361,29 @@ mod tests {
         text["rope_parameters"] = json!({"rope_type": "yarn", "factor": 4.0});
         let err = config(text).validate().unwrap_err();
         assert!(err.contains("yarn"), "{err}");
+    }
+
+    #[test]
+    fn reads_a_flat_qwen3_next_config_with_experts() {
+        let raw = json!({
+            "model_type": "qwen3_next", "hidden_size": 64, "num_hidden_layers": 5,
+            "intermediate_size": 96, "num_attention_heads": 8, "num_key_value_heads": 2,
+            "head_dim": 32, "vocab_size": 256, "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4, "linear_key_head_dim": 32,
+            "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "num_experts": 8,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 32, "mlp_only_layers": [1],
+            "shared_expert_intermediate_size": 48, "rope_theta": 1e7,
+            "partial_rotary_factor": 0.25, "rope_scaling": null, "rms_norm_eps": 1e-6,
+        });
+        let c: ModelConfig = serde_json::from_value(normalize(raw)).expect("valid config");
+        assert!(c.validate().is_ok(), "{:?}", c.validate());
+        assert_eq!(c.rope_theta, 1e7, "the flat field, not qwen3_5's default");
+        assert_eq!(c.moe.norm_topk_prob, Some(false), "mlx-lm's default");
+        assert!(c.moe.is_sparse_layer(0) && !c.moe.is_sparse_layer(1));
+        assert_eq!(layer_kinds(&c)[3], LayerKind::Full);
+        let mut no_shared = c.clone();
+        no_shared.linear_attn.shared_expert_intermediate_size = None;
+        let err = no_shared.validate().unwrap_err();
+        assert!(err.contains("shared_expert_intermediate_size"), "{err}");
     }
 }

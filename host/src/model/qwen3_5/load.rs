@@ -5,14 +5,23 @@
 //! tensors are left out, as mlx-lm's `sanitize` drops them. Hugging Face's
 //! original layout (conv weights `[C, 1, K]`, norm weights stored as
 //! `w - 1`) is refused with a message saying to convert it with mlx-lm.
+//!
+//! A `qwen3_next` checkpoint (mlx-lm's `qwen3_next.py` layout: flat names,
+//! `in_proj_qkvz` and `in_proj_ba` fused per key head, stacked experts in
+//! `switch_mlp` beside a `shared_expert` and its `shared_expert_gate`) has
+//! its fused DeltaNet projections split into Qwen3.5's four at load (a row
+//! permutation: the same products), so both run one graph.
 
-use mlx_rs::{ops, Dtype};
+use mlx_rs::{ops, Array, Dtype};
 
-use super::{GatedAttention, GatedDeltaNet, Mixer, Qwen35, Qwen35Layer};
+use super::config::{is_qwen3_next, DeltaDims};
+use super::{
+    FeedForward, GatedAttention, GatedDeltaNet, Mixer, Qwen35, Qwen35Layer, SharedExpertMoe,
+};
 use crate::model::config::ModelConfig;
 use crate::model::error::{ModelError, Result};
 use crate::model::linear::Embedding;
-use crate::model::llama::{DenseMlp, Projections};
+use crate::model::llama::{DenseMlp, Mlp, Projections};
 use crate::model::weights::{ComputeDtype, Loader, TensorMap};
 
 /// Builds a [`Qwen35`] from MLX-named tensors.
@@ -35,6 +44,10 @@ pub fn build_qwen3_5(
             (!name.starts_with("mtp.")).then(|| (name.to_string(), a.clone()))
         })
         .collect();
+    let text = match is_qwen3_next(&config.model_type) {
+        true => split_fused(config, text)?,
+        false => text,
+    };
     build_text(config, &text, compute).map_err(|e| match e {
         ModelError::Tensor { name, reason } if wrapped => ModelError::Tensor {
             name: format!("language_model.{name}"),
@@ -55,17 +68,29 @@ fn build_text(c: &ModelConfig, tensors: &TensorMap, compute: ComputeDtype) -> Re
         } else {
             Mixer::Attention(attention(&ld, c, &format!("{p}.self_attn"))?)
         };
-        let i = c.intermediate_size;
-        let gate = ld.linear(&format!("{p}.mlp.gate_proj"), h, i)?;
-        let up = ld.linear(&format!("{p}.mlp.up_proj"), h, i)?;
+        let mlp = match ld.mlp(c, l, &format!("{p}.mlp"))? {
+            Mlp::Dense(dense) => FeedForward::Dense(dense),
+            Mlp::Sparse(moe) => {
+                // Qwen3-Next's shared expert, behind a sigmoid gate.
+                let i = c.linear_attn.shared_expert_intermediate_size.unwrap_or(0);
+                let sp = format!("{p}.mlp.shared_expert");
+                let gate = ld.linear(&format!("{sp}.gate_proj"), h, i)?;
+                let up = ld.linear(&format!("{sp}.up_proj"), h, i)?;
+                FeedForward::Sparse(Box::new(SharedExpertMoe {
+                    moe,
+                    shared: DenseMlp {
+                        gate_up: ld.pack_projections(Projections::new(vec![gate, up])?)?,
+                        down_proj: ld.pack(ld.linear(&format!("{sp}.down_proj"), i, h)?)?,
+                    },
+                    shared_gate: ld.linear(&format!("{p}.mlp.shared_expert_gate"), h, 1)?,
+                }))
+            }
+        };
         layers.push(Qwen35Layer {
             input_norm: ld.vector(&format!("{p}.input_layernorm.weight"), h)?,
             post_attention_norm: ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
             mixer,
-            mlp: DenseMlp {
-                gate_up: ld.pack_projections(Projections::new(vec![gate, up])?)?,
-                down_proj: ld.pack(ld.linear(&format!("{p}.mlp.down_proj"), i, h)?)?,
-            },
+            mlp,
         });
     }
     let lm_head = match c.tie_word_embeddings {
@@ -147,4 +172,73 @@ fn attention(ld: &Loader<'_>, c: &ModelConfig, p: &str) -> Result<GatedAttention
         k_norm: ld.vector(&format!("{p}.k_norm.weight"), d)?,
         o_proj: ld.pack(ld.linear(&format!("{p}.o_proj"), q_out, h)?)?,
     })
+}
+
+/// Qwen3-Next's fused DeltaNet projections as Qwen3.5's: `in_proj_qkvz`
+/// holds per key head `[q (D_k), k (D_k), v (r D_v), z (r D_v)]` rows
+/// (`r = H_v / H_k`), `in_proj_ba` per key head `[b (r), a (r)]`
+/// (mlx-lm's `fix_query_key_value_ordering`); they become `in_proj_qkv`
+/// (all queries, all keys, all values), `in_proj_z`, `in_proj_b` and
+/// `in_proj_a`, each with its scales and biases when quantized (rows are
+/// output features in every layout).
+fn split_fused(c: &ModelConfig, mut tensors: TensorMap) -> Result<TensorMap> {
+    let d = c.linear_attn.dims();
+    let (qkvz, ba) = fused_rows(&d);
+    for l in (0..c.num_hidden_layers).filter(|&l| c.linear_attn.is_linear_layer(l)) {
+        let p = format!("model.layers.{l}.linear_attn");
+        for (fused, parts) in [
+            (
+                "in_proj_qkvz",
+                [("in_proj_qkv", &qkvz.0), ("in_proj_z", &qkvz.1)],
+            ),
+            ("in_proj_ba", [("in_proj_b", &ba.0), ("in_proj_a", &ba.1)]),
+        ] {
+            let want: usize = parts.iter().map(|(_, rows)| rows.len()).sum();
+            for suffix in ["weight", "scales", "biases"] {
+                let name = format!("{p}.{fused}.{suffix}");
+                let Some(a) = tensors.remove(&name) else {
+                    if suffix == "weight" {
+                        return Err(ModelError::Tensor {
+                            name,
+                            reason: "missing from the checkpoint".into(),
+                        });
+                    }
+                    continue;
+                };
+                if a.ndim() != 2 || a.shape()[0] as usize != want {
+                    return Err(ModelError::Tensor {
+                        name,
+                        reason: format!("expected {want} rows, found shape {:?}", a.shape()),
+                    });
+                }
+                for (part, rows) in parts {
+                    let idx: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
+                    let idx = Array::from_slice(&idx, &[idx.len() as i32]);
+                    tensors.insert(format!("{p}.{part}.{suffix}"), a.take_axis(&idx, 0)?);
+                }
+            }
+        }
+    }
+    Ok(tensors)
+}
+
+/// Row indices into the fused projections: (`qkv`, `z`) of
+/// `in_proj_qkvz` and (`b`, `a`) of `in_proj_ba`.
+#[allow(clippy::type_complexity)]
+fn fused_rows(d: &DeltaDims) -> ((Vec<usize>, Vec<usize>), (Vec<usize>, Vec<usize>)) {
+    let (nk, dk, dv) = (d.key_heads, d.key_dim, d.value_dim);
+    let r = d.value_heads / nk;
+    let width = 2 * dk + 2 * r * dv;
+    let block = |h: usize, from: usize, len: usize| (h * width + from)..(h * width + from + len);
+    let mut qkv: Vec<usize> = (0..nk).flat_map(|h| block(h, 0, dk)).collect();
+    qkv.extend((0..nk).flat_map(|h| block(h, dk, dk)));
+    qkv.extend((0..nk).flat_map(|h| block(h, 2 * dk, r * dv)));
+    let z = (0..nk)
+        .flat_map(|h| block(h, 2 * dk + r * dv, r * dv))
+        .collect();
+    let b = (0..nk).flat_map(|h| (2 * r * h)..(2 * r * h + r)).collect();
+    let a = (0..nk)
+        .flat_map(|h| (2 * r * h + r)..(2 * r * (h + 1)))
+        .collect();
+    ((qkv, z), (b, a))
 }

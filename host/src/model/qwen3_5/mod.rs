@@ -41,6 +41,7 @@ use super::error::Result;
 use super::gated_delta;
 use super::linear::{Embedding, Linear};
 use super::llama::{DenseMlp, Projections, RowInput};
+use super::moe::SparseMoe;
 use super::ragged;
 use crate::cache::state::{LayerState, StackSlot};
 use crate::cache::{KvCache, LayerKind};
@@ -89,6 +90,28 @@ pub enum Mixer {
     Attention(GatedAttention),
 }
 
+/// A layer's MLP.
+#[derive(Debug, Clone)]
+pub enum FeedForward {
+    /// The SwiGLU MLP (Qwen3.5; Qwen3-Next's `mlp_only_layers`).
+    Dense(DenseMlp),
+    /// Qwen3-Next's sparse layers.
+    Sparse(Box<SharedExpertMoe>),
+}
+
+/// Qwen3-Next's sparse MLP: the routed experts (softmax, top-k,
+/// renormalised when `norm_topk_prob`) plus a shared expert scaled by
+/// `sigmoid(x @ shared_expert_gate^T)`.
+#[derive(Debug, Clone)]
+pub struct SharedExpertMoe {
+    /// Router and routed experts.
+    pub moe: SparseMoe,
+    /// The shared expert's SwiGLU MLP.
+    pub shared: DenseMlp,
+    /// `shared_expert_gate`: `[1, H]`.
+    pub shared_gate: Linear,
+}
+
 /// One decoder layer.
 #[derive(Debug, Clone)]
 pub struct Qwen35Layer {
@@ -98,8 +121,8 @@ pub struct Qwen35Layer {
     pub post_attention_norm: Array,
     /// The token mixer.
     pub mixer: Mixer,
-    /// The SwiGLU MLP.
-    pub mlp: DenseMlp,
+    /// The MLP.
+    pub mlp: FeedForward,
 }
 
 /// Qwen3.5's parameters plus its compute dtype.
@@ -200,7 +223,20 @@ impl Qwen35 {
             };
             h = ops::add(&h, &r)?;
             let x = fast::rms_norm(&h, Some(&layer.post_attention_norm), eps)?;
-            h = ops::add(&h, self.mlp(&layer.mlp, &x)?)?;
+            let y = match &layer.mlp {
+                FeedForward::Dense(mlp) => self.mlp(mlp, &x)?,
+                FeedForward::Sparse(m) => {
+                    let SharedExpertMoe {
+                        moe,
+                        shared,
+                        shared_gate,
+                    } = m.as_ref();
+                    let routed = moe.forward(&x)?;
+                    let gate = ops::sigmoid(shared_gate.forward_with(&x, self.layer_kernel)?)?;
+                    ops::add(&routed, ops::multiply(&gate, self.mlp(shared, &x)?)?)?
+                }
+            };
+            h = ops::add(&h, &y)?;
         }
         for (row, &t) in rows.iter_mut().zip(&lens) {
             row.cache.advance(t);
@@ -572,8 +608,22 @@ impl Qwen35 {
                     linears.push(&a.o_proj);
                 }
             }
-            linears.extend(layer.mlp.gate_up.linears());
-            linears.push(&layer.mlp.down_proj);
+            match &layer.mlp {
+                FeedForward::Dense(mlp) => {
+                    linears.extend(mlp.gate_up.linears());
+                    linears.push(&mlp.down_proj);
+                }
+                FeedForward::Sparse(m) => {
+                    let SharedExpertMoe {
+                        moe,
+                        shared,
+                        shared_gate,
+                    } = m.as_ref();
+                    out.extend(moe.tensors());
+                    linears.extend(shared.gate_up.linears());
+                    linears.extend([&shared.down_proj, shared_gate]);
+                }
+            }
             for lin in linears {
                 out.extend(lin.tensors().into_iter().map(|(_, a)| a));
             }
