@@ -49,6 +49,20 @@ SHAPES = {
         "head_dim": 128, "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
         "max_position_embeddings": 40960, "tie_word_embeddings": False,
     },
+    # Hybrid linear attention (issue 38): Qwen3.5-9B's text decoder, flat (mlx-lm reads a
+    # `qwen3_5` config without `text_config` as the text config itself): 24 gated-DeltaNet layers
+    # (16 key heads and 32 value heads of 128, a 4-tap conv) and 8 gated full-attention layers
+    # (16 heads of 256 over 4 KV heads, RoPE on a quarter of each head).
+    "qwen3.5-9b": {
+        "model_type": "qwen3_5", "hidden_size": 4096, "num_hidden_layers": 32,
+        "intermediate_size": 12288, "num_attention_heads": 16, "num_key_value_heads": 4,
+        "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 4, "vocab_size": 248320, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 262144, "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0,
+                            "partial_rotary_factor": 0.25},
+    },
     # gpt-oss-20b: experts in MXFP4 (how it ships), the rest 8-bit affine, as mlx-community's
     # MXFP4-Q8 conversion. Its own vocabulary (201088) is kept, so the head streams the real bytes;
     # the copied tokenizer covers the first 151k ids, enough for `bench` and `mlx_lm.benchmark`.
