@@ -294,9 +294,12 @@ impl Verify {
 
 /// Drafted steps at a batch size before the gate judges it.
 const GATE_MIN_SAMPLES: u32 = 4;
-/// Steps drafting stays off at a batch size where even fully accepted
-/// drafts would not pay; then verify steps are measured again.
+/// Steps drafting first stays off at a batch size where even fully
+/// accepted drafts would not pay; then verify steps are measured again,
+/// and each time they still do not pay the next off period doubles, up to
+/// [`GATE_MAX_OFF_STEPS`].
 const GATE_OFF_STEPS: u32 = 128;
+const GATE_MAX_OFF_STEPS: u32 = 4096;
 /// A plain (draft-free) step is forced this often while rows draft, so
 /// the plain step time stays measured.
 const GATE_PROBE_EVERY: u64 = 64;
@@ -314,6 +317,8 @@ struct GateEntry {
     spec_n: u32,
     /// Steps left with drafting off.
     off: u32,
+    /// The next off period (0: [`GATE_OFF_STEPS`]).
+    next_off: u32,
 }
 
 impl GateEntry {
@@ -400,14 +405,20 @@ impl SpecGate {
         let extra = (secs - e.plain).max(0.0) / drafted as f64;
         e.per_draft = smooth(e.per_draft, e.spec_n, extra);
         e.spec_n = e.spec_n.saturating_add(1);
-        if e.break_even(rows).is_some_and(|b| b >= 1.0) {
-            tracing::debug!(
-                rows,
-                plain_step_s = e.plain,
-                per_draft_s = e.per_draft,
-                "drafts cannot pay at this batch size; drafting off for a while"
-            );
-            e.off = GATE_OFF_STEPS;
+        match e.break_even(rows) {
+            Some(b) if b >= 1.0 => {
+                e.off = e.next_off.max(GATE_OFF_STEPS);
+                e.next_off = (e.off * 2).min(GATE_MAX_OFF_STEPS);
+                tracing::debug!(
+                    rows,
+                    plain_step_s = e.plain,
+                    per_draft_s = e.per_draft,
+                    off_steps = e.off,
+                    "drafts cannot pay at this batch size; drafting off for a while"
+                );
+            }
+            Some(_) => e.next_off = GATE_OFF_STEPS,
+            None => {}
         }
     }
 

@@ -149,8 +149,18 @@ pub(crate) fn run(
             });
             members.push((i, n, completes));
         }
+        let verifies = |&(i, _, _): &(usize, usize, bool)| feeds[i].is_some();
         if rows.is_empty() {
             Vec::new()
+        } else if model.model.fast_one_token_path()
+            && members.iter().any(verifies)
+            && rows
+                .iter()
+                .zip(&members)
+                .all(|(r, m)| r.tokens.len() == 1 || verifies(m))
+            && rows.iter().any(|r| r.tokens.len() == 1)
+        {
+            forward_verifications_apart(model, rows)?
         } else {
             model.model.forward(&mut rows)?
         }
@@ -316,6 +326,30 @@ pub(crate) fn run(
     }
     timing.eval = eval_started.elapsed();
     Ok((outcomes, timing))
+}
+
+/// The forward of a step whose rows are one-token decodes and speculative
+/// verifications, on a model with a faster one-token path
+/// ([`crate::model::CausalLm::fast_one_token_path`]): the one-token rows
+/// through that path, the verifications (a token and its drafts each) as
+/// a forward of their own, so drafting rows do not take every row of the
+/// batch off the fast path. Returns the logits in `rows`' order.
+///
+/// Errors: MLX errors from either forward.
+fn forward_verifications_apart(
+    model: &LoadedModel,
+    rows: Vec<RowInput<'_>>,
+) -> Result<Vec<Array>, GenerateError> {
+    let single: Vec<bool> = rows.iter().map(|r| r.tokens.len() == 1).collect();
+    let (mut one, mut many): (Vec<RowInput<'_>>, Vec<RowInput<'_>>) =
+        rows.into_iter().partition(|r| r.tokens.len() == 1);
+    let mut one = model.model.forward(&mut one)?.into_iter();
+    let mut many = model.model.forward(&mut many)?.into_iter();
+    single
+        .into_iter()
+        .map(|s| if s { one.next() } else { many.next() })
+        .collect::<Option<Vec<Array>>>()
+        .ok_or_else(|| GenerateError::Internal("a forward returned too few rows".into()))
 }
 
 /// One verification round: for each row in `rows` (whose verification

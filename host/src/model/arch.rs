@@ -47,6 +47,15 @@ pub trait CausalLm {
     /// Dtype of activations and of the KV cache.
     fn dtype(&self) -> Dtype;
 
+    /// Whether a forward whose rows each feed one token runs a faster path
+    /// than a mixed one (Llama's fused CPU decode op). The engine then
+    /// runs a step's speculative verifications (rows feeding a token and
+    /// its drafts) as a forward of their own beside the one-token rows',
+    /// instead of taking every row off the fast path.
+    fn fast_one_token_path(&self) -> bool {
+        false
+    }
+
     /// Every parameter array (evaluated after load; byte counts).
     fn parameters(&self) -> Vec<&Array>;
 
@@ -75,6 +84,10 @@ impl CausalLm for super::Llama {
 
     fn dtype(&self) -> Dtype {
         self.dtype
+    }
+
+    fn fast_one_token_path(&self) -> bool {
+        self.fused_decode.is_some()
     }
 
     fn parameters(&self) -> Vec<&Array> {
