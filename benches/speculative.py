@@ -1,18 +1,19 @@
 """Speculative decoding benchmark client for benches/speculative.sh: one `mlxhost serve`, the
 same prompts with and without prompt lookup (`"speculative": {"drafter": "prompt-lookup"}` vs
-`"speculative": false`, so one server, one model load), interleaved (a set without, the same set
-with, ...) so machine noise hits both alike. Greedy; every prompt starts with a unique request
-number, so no prompt-cache hit helps either side.
+`"speculative": false`, so one server, one model load). Greedy; every prompt starts with a unique
+request number, so no prompt-cache hit helps either side.
 
 Two prompt sets: code edits ("rewrite this 60-line function renaming X to Y": the reply repeats
 the function with one name changed, the case prompt lookup is for) and free text (short stories:
 little to look up). At batch 1 (requests one after another) and at concurrency 8 (8 requests at
-once): aggregate completion tok/s (all completion tokens / wall time of the round) and mean
-per-request decode tok/s ((completion_tokens - 1) / (last content chunk - first)), with the
-server's drafted / accepted counters (/stats, `batch.speculative`) over each round.
+once): aggregate tok/s (completion tokens / wall time, prefill included) and decode tok/s (one
+stream's rate after its first token: tokens after the first / time from the first content chunk
+to the last, summed over requests), with the server's drafted / accepted counters (/stats,
+`batch.speculative`).
 
-Each (set, level) runs ROUNDS pairs of rounds, without then with, and sums them: a machine whose
-load changes meanwhile slows both alike.
+Without and with alternate (request by request at batch 1, round by round at concurrency 8),
+ROUNDS times, and each side's rounds are summed: a machine whose load changes meanwhile slows both
+alike.
 
 Usage: python speculative.py URL     Env: MAX_TOKENS (256), N1 (prompts per set at batch 1, 3),
 LEVELS ("1 8"), SETS ("code-edit free-text"), ROUNDS (2), DRAFTER (prompt-lookup), N_MAX (draft
@@ -136,46 +137,45 @@ def spec_stats(url):
     return s["drafted"], s["accepted"]
 
 
-def run_round(url, kind, level, spec):
-    n = N1 if level == 1 else level
+def run_round(url, kind, level, spec, first_prompt=0):
+    """One round: at level 1 one request (prompt `first_prompt`), else `level` requests at once."""
+    n = 1 if level == 1 else level
     results = [None] * n
     d0, a0 = spec_stats(url)
 
     def one(i):
-        first, last, usage, chunks = stream_chat(url, body(kind, i, spec))
+        first, last, usage, chunks = stream_chat(url, body(kind, first_prompt + i, spec))
         tokens = usage["completion_tokens"] if usage else chunks
         decode = (last - first) if first is not None and last is not None else 0.0
-        results[i] = (tokens, (tokens - 1) / decode if decode > 0 else 0.0)
+        results[i] = (tokens, decode)
 
     t0 = time.perf_counter()
-    if level == 1:
-        for i in range(n):
-            one(i)
-    else:
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     wall = time.perf_counter() - t0
     d1, a1 = spec_stats(url)
-    tokens = sum(r[0] for r in results)
     return {"set": kind, "level": level, "mode": DRAFTER if spec else "none", "requests": n,
-            "completion_tokens": tokens, "wall_s": round(wall, 2),
-            "aggregate_tok_s": round(tokens / wall, 2),
-            "decode_tok_s": round(sum(r[1] for r in results) / n, 2),
-            "drafted": d1 - d0, "accepted": a1 - a0,
-            "acceptance": round((a1 - a0) / (d1 - d0), 3) if d1 > d0 else None}
+            "completion_tokens": sum(r[0] for r in results), "wall_s": wall,
+            "decode_tokens": sum(r[0] - 1 for r in results), "decode_s": sum(r[1] for r in results),
+            "drafted": d1 - d0, "accepted": a1 - a0}
 
 
 def merge(rounds):
-    """Sums rounds of one (set, level, mode)."""
-    r = dict(rounds[0])
-    for k in ["requests", "completion_tokens", "wall_s", "drafted", "accepted"]:
-        r[k] = round(sum(x[k] for x in rounds), 2)
+    """Sums rounds of one (set, level, mode): aggregate tok/s = completion tokens / wall time;
+    decode tok/s = one stream's rate after its first token (tokens after the first / time from
+    the first content chunk to the last, summed over requests)."""
+    r = {k: rounds[0][k] for k in ["set", "level", "mode"]}
+    for k in ["requests", "completion_tokens", "wall_s", "decode_tokens", "decode_s", "drafted",
+              "accepted"]:
+        r[k] = sum(x[k] for x in rounds)
     r["aggregate_tok_s"] = round(r["completion_tokens"] / r["wall_s"], 2)
-    r["decode_tok_s"] = round(sum(x["decode_tok_s"] * x["requests"] for x in rounds) / r["requests"], 2)
+    r["decode_tok_s"] = round(r["decode_tokens"] / r["decode_s"], 2) if r["decode_s"] else 0.0
     r["acceptance"] = round(r["accepted"] / r["drafted"], 3) if r["drafted"] else None
+    r["wall_s"] = round(r["wall_s"], 2)
+    r["decode_s"] = round(r["decode_s"], 2)
     return r
 
 
@@ -185,9 +185,11 @@ def main():
     for kind in SETS:
         for level in LEVELS:
             runs = {False: [], True: []}
+            # Without and with alternate request by request at level 1, round by round at 8.
             for _ in range(ROUNDS):
-                for spec in [False, True]:
-                    runs[spec].append(run_round(url, kind, level, spec))
+                for i in range(N1 if level == 1 else 1):
+                    for spec in [False, True]:
+                        runs[spec].append(run_round(url, kind, level, spec, i))
             for spec in [False, True]:
                 r = merge(runs[spec])
                 print(json.dumps(r), flush=True)
