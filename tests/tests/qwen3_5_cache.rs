@@ -209,6 +209,20 @@ fn check_divergences(f: &Fixture, mut open: impl FnMut() -> PrefixCache) {
     }
 }
 
+/// The same prompt resent (a client retrying) resumes one token before
+/// its end: a prefill chunk leaves a checkpoint there, and the last
+/// token is always fed again for its logits.
+#[test]
+fn the_same_prompt_resent_reuses_all_but_its_last_token() {
+    let f = fixture("qwen3.5-tiny");
+    let prompt = long_prompt();
+    let mut ram = PrefixCache::new(PromptCache::new(1 << 30), None);
+    let (first, _) = generate(&f, &prompt, REPLY, Some(&mut ram));
+    let (again, cached) = generate(&f, &prompt, REPLY, Some(&mut ram));
+    assert_eq!(cached, prompt.len() - 1);
+    assert_same("resent", &again, &first);
+}
+
 #[test]
 fn a_divergence_resumes_from_the_last_checkpoint_before_it_in_ram() {
     // One RAM cache for every case (the diverged prompts' entries beside

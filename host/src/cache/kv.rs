@@ -365,6 +365,15 @@ impl KvCache {
         }
     }
 
+    /// Hands over recurrent layer `layer`'s state one token before the end
+    /// of this forward (a prefill chunk), before [`KvCache::advance`]
+    /// ([`RowStates::set_before_end`]); nothing without recurrent layers.
+    pub fn set_state_before_end(&mut self, layer: usize, state: LayerState) {
+        if let Some(states) = &mut self.states {
+            states.set_before_end(layer, state);
+        }
+    }
+
     /// Positions this cache holds recurrent checkpoints at (empty without
     /// recurrent layers).
     pub fn checkpoint_positions(&self) -> Vec<usize> {

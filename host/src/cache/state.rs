@@ -80,6 +80,9 @@ impl LayerState {
 #[derive(Debug, Clone)]
 struct Checkpoint {
     pos: usize,
+    /// Taken a token before a prefill chunk's end (kept only beside the
+    /// newest chunk end, or where the row resumed).
+    before_end: bool,
     /// Per cache layer (`None` for a non-recurrent layer, or one never fed).
     states: Vec<Option<LayerState>>,
 }
@@ -98,6 +101,10 @@ pub struct RowStates {
     /// kept as a checkpoint through thinning, so this row's entry covers
     /// the one it resumed from.
     resumed_at: Option<usize>,
+    /// Per cache layer, the state one token before the end of the forward
+    /// in progress (a prefill chunk), when the model hands it over
+    /// ([`RowStates::set_before_end`]).
+    before_end: Vec<Option<LayerState>>,
 }
 
 impl RowStates {
@@ -114,6 +121,20 @@ impl RowStates {
         self.current.get(layer).and_then(Option::as_ref)
     }
 
+    /// Hands over layer `layer`'s state one token before the end of the
+    /// forward in progress (a prefill chunk of `t >= 2` tokens): with every
+    /// fed layer's, [`RowStates::advance`] makes it a checkpoint, so the
+    /// same prompt resent (whose last token is always fed again, for its
+    /// logits) resumes one token before its end.
+    pub fn set_before_end(&mut self, layer: usize, state: LayerState) {
+        if self.before_end.len() != self.current.len() {
+            self.before_end = vec![None; self.current.len()];
+        }
+        if let Some(slot) = self.before_end.get_mut(layer) {
+            *slot = Some(state);
+        }
+    }
+
     /// Sets layer `layer`'s state after a forward at `offset` (the row's
     /// position before it). The first set of a forward keeps the states
     /// before it as the one-step-back checkpoint.
@@ -121,6 +142,7 @@ impl RowStates {
         if self.prev.as_ref().is_none_or(|p| p.pos != offset) {
             self.prev = Some(Checkpoint {
                 pos: offset,
+                before_end: false,
                 states: self.current.clone(),
             });
         }
@@ -132,6 +154,7 @@ impl RowStates {
     /// Marks a forward of `t` tokens from `offset` done: a prefill chunk's
     /// end and its start become checkpoints (thinned, see [`thin`]).
     pub fn advance(&mut self, offset: usize, t: usize) {
+        let before_end = std::mem::take(&mut self.before_end);
         if t < 2 || self.current.iter().all(Option::is_none) {
             return;
         }
@@ -145,8 +168,23 @@ impl RowStates {
                 self.checkpoints.push(p.clone());
             }
         }
+        // The states one token before the end, when every fed layer gave
+        // them.
+        let complete = before_end.len() == self.current.len()
+            && before_end
+                .iter()
+                .zip(&self.current)
+                .all(|(b, c)| b.is_some() == c.is_some());
+        if complete {
+            self.checkpoints.push(Checkpoint {
+                pos: pos - 1,
+                before_end: true,
+                states: before_end,
+            });
+        }
         self.checkpoints.push(Checkpoint {
             pos,
+            before_end: false,
             states: self.current.clone(),
         });
         thin(&mut self.checkpoints, self.resumed_at);
@@ -286,7 +324,11 @@ impl RowStates {
             if pos == offset {
                 current = Some(states);
             } else if pos < offset {
-                checkpoints.push(Checkpoint { pos, states });
+                checkpoints.push(Checkpoint {
+                    pos,
+                    before_end: false,
+                    states,
+                });
             }
         }
         checkpoints.sort_by_key(|c| c.pos);
@@ -295,6 +337,7 @@ impl RowStates {
             checkpoints,
             prev: None,
             resumed_at: None,
+            before_end: Vec::new(),
         })
     }
 
@@ -337,19 +380,21 @@ impl RowStates {
 /// a prompt fed in chunks keeps one about every [`CHECKPOINT_SPACING`]
 /// tokens; beyond [`MAX_CHECKPOINTS`], the one whose neighbours are
 /// closest goes (never the first or the newest), so the rest stay spread
-/// over the whole prompt. The one at `pinned` (where the row resumed)
-/// always stays too.
+/// over the whole prompt. The one at `pinned` (where the row resumed) and
+/// the one a token before the newest always stay too.
 fn thin(checkpoints: &mut Vec<Checkpoint>, pinned: Option<usize>) {
     let Some(newest) = checkpoints.pop() else {
         return;
     };
-    let is_pinned = |c: &Checkpoint| Some(c.pos) == pinned;
+    let before_newest = newest.pos.checked_sub(1);
+    let is_pinned = |c: &Checkpoint| Some(c.pos) == pinned || Some(c.pos) == before_newest;
     let mut kept: Vec<Checkpoint> = Vec::with_capacity(checkpoints.len() + 1);
     for c in checkpoints.drain(..) {
+        // A chunk end is kept rather than the state a token before it.
         let far = kept
             .last()
             .is_none_or(|k| c.pos >= k.pos + CHECKPOINT_SPACING);
-        if far || is_pinned(&c) {
+        if (far && !c.before_end) || is_pinned(&c) {
             kept.push(c);
         }
     }
@@ -447,6 +492,28 @@ mod tests {
             assert!(c.truncate(p, at));
             assert_eq!(value(&c), p as f32);
         }
+    }
+
+    /// A prefill chunk handing over its states a token before its end
+    /// leaves a checkpoint there, kept beside the newest through thinning.
+    #[test]
+    fn the_state_a_token_before_a_chunk_end_is_a_checkpoint() {
+        let mut s = RowStates::new(1);
+        let mut at = 0;
+        for t in [512, 512, 300] {
+            s.set_before_end(0, state((at + t - 1) as f32));
+            at = feed(&mut s, at, t);
+        }
+        assert_eq!(s.checkpoint_positions(), vec![512, at - 1, at]);
+        let mut c = s.clone();
+        assert!(c.truncate(at - 1, at));
+        assert_eq!(value(&c), (at - 1) as f32);
+        // A layer that gave none: no such checkpoint.
+        let mut two = RowStates::new(2);
+        two.set(1, state(9.0), 0);
+        two.set_before_end(0, state(8.0));
+        two.advance(0, 10);
+        assert_eq!(two.checkpoint_positions(), vec![10]);
     }
 
     /// Where a row resumed (a conversation's previous turn) stays a

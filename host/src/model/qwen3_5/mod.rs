@@ -378,11 +378,37 @@ impl Qwen35 {
             None => (self.zero_conv(dims, 1)?, self.zero_ssm(dims, 1)?.index(0)),
         };
         let x = qkv.reshape(&[1, t, dims.conv_width() as i32])?;
+        // The conv's inputs one token before the end: a checkpoint there
+        // lets the same prompt resent resume one token before its end.
+        let k = dims.conv_kernel as i32 - 1;
+        let conv_before =
+            ops::concatenate(&[&conv_state, &x], 1)?.index((.., t - 1..t - 1 + k, ..));
         let (conv, conv_state) = gated_delta::causal_conv(&x, &conv_state, &d.conv_weight)?;
-        let (q, k, v) = self.split_qkv(dims, &conv.index(0))?;
-        let (y, ssm) = gated_delta::chunked(&q, &k, &v, log_g, beta, &ssm)?;
-        cache.set_state(l, LayerState::new(conv_state, ssm.expand_dims(0)?))?;
-        Ok(y)
+        let (q, kk, v) = self.split_qkv(dims, &conv.index(0))?;
+        // The chunked rule up to the last token, then one recurrent step:
+        // the state before the last token comes out on the way.
+        let head = |a: &Array| a.index(..t - 1);
+        let last = |a: &Array| a.index(t - 1..t);
+        let (y_head, before) = gated_delta::chunked(
+            &head(&q),
+            &head(&kk),
+            &head(&v),
+            &head(log_g),
+            &head(beta),
+            &ssm,
+        )?;
+        let f32 = Dtype::Float32;
+        let (y_last, ssm) = gated_delta::recurrent(
+            &last(&q).as_dtype(f32)?,
+            &last(&kk).as_dtype(f32)?,
+            &last(&v).as_dtype(f32)?,
+            &ops::exp(last(log_g))?,
+            &last(beta),
+            &before.expand_dims(0)?,
+        )?;
+        cache.set_state_before_end(l, LayerState::new(conv_before, before.expand_dims(0)?));
+        cache.set_state(l, LayerState::new(conv_state, ssm))?;
+        Ok(ops::concatenate(&[y_head, y_last], 0)?)
     }
 
     /// The rows in `decoding` (one token each) through the conv and one
