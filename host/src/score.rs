@@ -11,6 +11,7 @@
 use mlx_rs::{ops, transforms::eval, Array};
 use serde::{Deserialize, Serialize};
 
+use crate::model::lora::LoraAdapter;
 use crate::model::{ChatMessage, LoadedModel, ModelError, RowInput};
 
 /// Prompt tokens per forward pass while prefilling (bounds attention memory).
@@ -28,6 +29,10 @@ pub struct ScoreInput {
     pub messages: Option<Vec<ChatMessage>>,
     /// The tokens to score, in order.
     pub continuation_ids: Vec<u32>,
+    /// The LoRA adapter to score under, by its name in `--lora-dir`
+    /// (absent: `--lora`, else the base model).
+    #[serde(default)]
+    pub lora: Option<String>,
 }
 
 /// A scored token.
@@ -76,8 +81,21 @@ pub fn parse_line(
     text: &str,
     line: usize,
 ) -> Result<(Vec<u32>, Vec<u32>), ScoreError> {
+    parse_line_lora(model, text, line).map(|(p, c, _)| (p, c))
+}
+
+/// A parsed input line: prompt ids, continuation ids, the `lora` field.
+pub type ParsedLine = (Vec<u32>, Vec<u32>, Option<String>);
+
+/// As [`parse_line`], plus the line's `lora` field.
+pub fn parse_line_lora(
+    model: &LoadedModel,
+    text: &str,
+    line: usize,
+) -> Result<ParsedLine, ScoreError> {
     let bad = |reason: String| ScoreError::Input { line, reason };
     let input: ScoreInput = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+    let lora = input.lora.clone();
     let prompt = match (input.prompt_ids, input.messages) {
         (Some(ids), None) => ids,
         (None, Some(messages)) => {
@@ -120,7 +138,7 @@ pub fn parse_line(
             prompt.len() + input.continuation_ids.len()
         )));
     }
-    Ok((prompt, input.continuation_ids))
+    Ok((prompt, input.continuation_ids, lora))
 }
 
 /// Scores a batch of rows in one set of forward passes (rows may differ in
@@ -131,6 +149,20 @@ pub fn parse_line(
 pub fn score_rows(
     model: &LoadedModel,
     rows: &[(Vec<u32>, Vec<u32>)],
+    top_k: usize,
+    decode: bool,
+    prefill_chunk: usize,
+) -> Result<Vec<ScoreOutput>, ScoreError> {
+    let none = vec![None; rows.len()];
+    score_rows_lora(model, rows, &none, top_k, decode, prefill_chunk)
+}
+
+/// As [`score_rows`], row `i` under the LoRA adapter `adapters[i]` (`None`:
+/// the base model); rows of different adapters share each forward.
+pub fn score_rows_lora(
+    model: &LoadedModel,
+    rows: &[(Vec<u32>, Vec<u32>)],
+    adapters: &[Option<&LoraAdapter>],
     top_k: usize,
     decode: bool,
     prefill_chunk: usize,
@@ -173,6 +205,7 @@ pub fn score_rows(
                 tokens: &t[pos[i]..end],
                 cache,
                 logits_from: first_needed.saturating_sub(pos[i]).min(end - pos[i]),
+                lora: adapters.get(i).copied().flatten(),
             });
             which.push((i, end));
         }

@@ -113,6 +113,7 @@ pub fn generate(
             plugin_params: serde_json::json!({}),
             top_logprobs: 2,
             speculative: Default::default(),
+            lora: None,
         },
         chain: ChainSource::Plugins(f.plugins.clone()),
         sink: Box::new(Sink(Rc::clone(&record))),

@@ -111,6 +111,7 @@ fn request(
         plugin_params,
         top_logprobs: 2,
         speculative: Default::default(),
+        lora: None,
     }
 }
 

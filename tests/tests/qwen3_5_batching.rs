@@ -69,6 +69,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, seed: Option<u64>) -> GenerateRe
         plugin_params: serde_json::json!({}),
         top_logprobs: 0,
         speculative: Default::default(),
+        lora: None,
     }
 }
 

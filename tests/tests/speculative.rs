@@ -147,6 +147,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, params: SamplingParams) -> Gener
         plugin_params: serde_json::json!({}),
         top_logprobs: 2,
         speculative: SpecRequest::off(),
+        lora: None,
     }
 }
 

@@ -10,6 +10,7 @@ use mlx_rs::{
     transforms::{async_eval, eval},
     Array,
 };
+use mlxhost::model::lora::LoraSet;
 use mlxhost::model::RowInput;
 
 use super::ModelArgs;
@@ -38,10 +39,27 @@ pub struct BenchArgs {
     /// device computes step N; a step's time is then the larger of the two.
     #[arg(long)]
     lookahead: bool,
+    /// LoRA adapter folders (mlx-lm or PEFT): decode row i runs adapter
+    /// `i % count` (unmerged: the delta beside the base products).
+    #[arg(long)]
+    lora: Vec<std::path::PathBuf>,
+    /// A LoRA adapter folder merged into the weights at load (every row
+    /// runs it at the base's cost).
+    #[arg(long)]
+    lora_merge: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let loaded = args.model.load(false)?;
+    let mut loaded = args.model.load(false)?;
+    if let Some(dir) = &args.lora_merge {
+        loaded.merge_lora(dir)?;
+    }
+    let adapters = args
+        .lora
+        .iter()
+        .enumerate()
+        .map(|(i, dir)| LoraSet::load_one(&format!("lora{i}"), dir, loaded.model.lora_targets()))
+        .collect::<Result<Vec<_>, _>>()?;
     let model = &loaded.model;
     let vocab = model.config().vocab_size as u32;
     // A deterministic, varied prompt (token ids spread over the vocabulary).
@@ -57,6 +75,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             tokens: &prompt,
             cache: &mut cache,
             logits_from: prompt.len() - 1,
+            lora: None,
         }])?;
         let mut arrays: Vec<&Array> = logits.iter().collect();
         arrays.extend(cache.arrays());
@@ -78,6 +97,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             tokens: &row_prompt,
             cache,
             logits_from: row_prompt.len() - 1,
+            lora: None,
         }])?;
         let t =
             ops::indexing::argmax_axis(&logits[0], -1, None)?.as_dtype(mlx_rs::Dtype::Uint32)?;
@@ -99,10 +119,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let mut rows: Vec<RowInput<'_>> = caches
             .iter_mut()
             .zip(&tokens)
-            .map(|(cache, t)| RowInput {
+            .enumerate()
+            .map(|(i, (cache, t))| RowInput {
                 tokens: t,
                 cache,
                 logits_from: 0,
+                lora: (!adapters.is_empty()).then(|| &adapters[i % adapters.len()]),
             })
             .collect();
         let logits = match (&ahead, args.lookahead) {
@@ -163,6 +185,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "decode_step_primitives": census,
         "decode_aggregate_tok_s": batch as f64 * 1e3 / decode_ms,
         "lookahead": args.lookahead,
+        "lora_adapters": adapters.len(),
+        "lora_rank": adapters.iter().map(|a| a.rank).max(),
+        "lora_merged": args.lora_merge.is_some(),
         "peak_rss_mib": peak_rss_mib(),
     });
     println!("{result}");

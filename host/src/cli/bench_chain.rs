@@ -142,6 +142,7 @@ pub fn run(args: BenchChainArgs) -> anyhow::Result<()> {
         plugin_params: serde_json::json!({}),
         top_logprobs: 0,
         speculative: mlxhost::engine::speculative::SpecRequest::off(),
+        lora: None,
     };
     let effective = engine::effective_params(&model, &req);
     let (mut ratios, mut shares, mut wasm_tps, mut native_tps) =

@@ -118,6 +118,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             drafter: (args.drafter != "none").then(|| args.drafter.clone()),
             max_draft: args.draft_max,
         },
+        lora: None,
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

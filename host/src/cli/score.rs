@@ -4,6 +4,7 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
 use anyhow::Context;
+use mlxhost::model::lora::LoraSet;
 use mlxhost::score;
 
 use super::ModelArgs;
@@ -30,6 +31,16 @@ pub struct ScoreArgs {
     /// Tokens per forward pass while prefilling.
     #[arg(long, default_value_t = score::PREFILL_CHUNK as u64, value_parser = clap::value_parser!(u64).range(1..))]
     prefill_chunk: u64,
+    /// A LoRA adapter folder (mlx-lm or PEFT) every row is scored under,
+    /// unless its line names another (`"lora"`).
+    #[arg(long)]
+    lora: Option<PathBuf>,
+    /// A folder of adapters a line's `"lora": "name"` picks from.
+    #[arg(long)]
+    lora_dir: Option<PathBuf>,
+    /// A LoRA adapter folder merged into the weights at load.
+    #[arg(long)]
+    lora_merge: Option<PathBuf>,
 }
 
 pub fn run(args: ScoreArgs) -> anyhow::Result<()> {
@@ -40,21 +51,49 @@ pub fn run(args: ScoreArgs) -> anyhow::Result<()> {
             .with_context(|| format!("--input {}", args.input.display()))?;
         Box::new(std::io::BufReader::new(f))
     };
-    let model = args.model.load(false)?;
+    let mut model = args.model.load(false)?;
+    if let Some(dir) = &args.lora_merge {
+        model.merge_lora(dir)?;
+    }
+    let default_lora = match &args.lora {
+        Some(dir) => Some(std::rc::Rc::new(LoraSet::load_one(
+            "lora",
+            dir,
+            model.model.lora_targets(),
+        )?)),
+        None => None,
+    };
+    if let Some(dir) = &args.lora_dir {
+        model.lora = LoraSet::open(dir, model.model.lora_targets())?;
+        if let Some((name, why)) = model.lora.failures().into_iter().next() {
+            anyhow::bail!("--lora-dir: adapter `{name}`: {why}");
+        }
+    }
     let mut rows = Vec::new();
+    let mut adapters = Vec::new();
     for (i, line) in reader.lines().enumerate() {
         let line = line.with_context(|| format!("reading --input {}", args.input.display()))?;
         if line.trim().is_empty() {
             continue;
         }
-        rows.push(score::parse_line(&model, &line, i + 1)?);
+        let (prompt, cont, lora) = score::parse_line_lora(&model, &line, i + 1)?;
+        adapters.push(match lora {
+            Some(name) => Some(model.lora.get(&name).with_context(|| {
+                format!("input line {}: no adapter `{name}` in --lora-dir", i + 1)
+            })?),
+            None => default_lora.clone(),
+        });
+        rows.push((prompt, cont));
     }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    for batch in rows.chunks(args.batch_size as usize) {
-        for result in score::score_rows(
+    let batch_size = args.batch_size as usize;
+    for (batch, lora) in rows.chunks(batch_size).zip(adapters.chunks(batch_size)) {
+        let lora: Vec<_> = lora.iter().map(|a| a.as_deref()).collect();
+        for result in score::score_rows_lora(
             &model,
             batch,
+            &lora,
             args.top_logprobs,
             args.decode,
             args.prefill_chunk as usize,

@@ -124,6 +124,18 @@ pub struct ServeArgs {
     /// the old 1 GiB kept none of it.
     #[arg(long)]
     prompt_cache: Option<f64>,
+    /// A folder of LoRA adapters (one subfolder each, mlx-lm or PEFT
+    /// format), served beside the base model: a request picks one by
+    /// model name (`base:adapter` or `adapter`) or its `lora` field; the
+    /// folder is watched (adapters added, changed and removed while
+    /// serving). `GET /v1/models` lists them.
+    #[arg(long, value_name = "DIR")]
+    lora_dir: Option<PathBuf>,
+    /// A LoRA adapter folder merged into the weights at load: every
+    /// request runs it, at the base model's cost (for serving one adapter
+    /// only; quantized weights are re-quantized after the merge).
+    #[arg(long, value_name = "DIR")]
+    lora_merge: Option<PathBuf>,
     /// SSD cache directory: prompt-cache entries are written here (on RAM
     /// eviction, and once requests settle) and restored after restarts;
     /// created private to the user. Off when not given.
@@ -443,11 +455,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             name.map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "model".into())
         });
+    let lora_dir = args.lora_dir.clone();
+    let lora_merge = args.lora_merge.clone();
     let load = Box::new(move || {
-        model_args
-            .load(false)
-            .map(|m| (m, model_id))
-            .map_err(|e| format!("{e:#}"))
+        let mut m = model_args.load(false).map_err(|e| format!("{e:#}"))?;
+        if let Some(dir) = &lora_merge {
+            m.merge_lora(dir)
+                .map_err(|e| format!("--lora-merge {}: {e}", dir.display()))?;
+        }
+        if let Some(dir) = &lora_dir {
+            m.lora = mlxhost::model::lora::LoraSet::open(dir, m.model.lora_targets())
+                .map_err(|e| format!("--lora-dir: {e}"))?;
+        }
+        Ok((m, model_id))
     });
     let access = access_policy(&args)?;
     if args.header_timeout == 0 || args.body_timeout == 0 {

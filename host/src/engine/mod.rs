@@ -29,8 +29,8 @@ pub mod worker;
 pub use crate::plugin::session::TokenChain;
 pub use generate::{generate, generate_with};
 pub use request::{
-    effective_params, kv_namespace, validate, FinishReason, GenerateError, GenerateEvent,
-    GenerateRequest, GenerateSummary, TokenInfo,
+    effective_params, kv_namespace, lora_namespace, validate, FinishReason, GenerateError,
+    GenerateEvent, GenerateRequest, GenerateSummary, TokenInfo,
 };
 pub use scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
 pub use sequence::{Sequence, SequenceSink};

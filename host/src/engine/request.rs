@@ -35,6 +35,9 @@ pub struct GenerateRequest {
     /// Speculative decoding: the drafter and the most drafts per step
     /// (`engine::speculative`); off by default.
     pub speculative: super::speculative::SpecRequest,
+    /// The LoRA adapter to run under, by its name in `--lora-dir`
+    /// (`model::lora`); `None`: the base model.
+    pub lora: Option<String>,
 }
 
 /// Why generation stopped.
@@ -188,5 +191,19 @@ pub fn validate(model: &LoadedModel, req: &GenerateRequest) -> Result<(), Genera
 /// The KV scheme a cache entry was computed under (cache namespace): KV
 /// from one compute path never seeds another.
 pub fn kv_namespace(model: &LoadedModel) -> String {
-    format!("{:?}", model.compute)
+    match &model.merged_lora {
+        None => format!("{:?}", model.compute),
+        Some(f) => format!("{:?}+merged:{f}", model.compute),
+    }
+}
+
+/// The cache namespace of KV computed under `adapter` (`None`: the base
+/// model's, [`kv_namespace`]): an entry made under one adapter never seeds
+/// another's or the base's prefill, in either tier (the SSD tier keys its
+/// files by the namespace too).
+pub fn lora_namespace(
+    model: &LoadedModel,
+    adapter: Option<&crate::model::lora::LoraAdapter>,
+) -> String {
+    crate::model::lora::namespace(&kv_namespace(model), adapter)
 }

@@ -30,6 +30,7 @@
 //! `default_scheduler.rs` (waiting and running queues).
 
 use std::collections::{BTreeMap, VecDeque};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,7 +38,7 @@ use serde::Serialize;
 
 use super::admission::{self, MemoryBudget, RowShape};
 use super::request::{
-    effective_params, kv_namespace, validate, FinishReason, GenerateError, GenerateEvent,
+    effective_params, lora_namespace, validate, FinishReason, GenerateError, GenerateEvent,
     GenerateRequest,
 };
 use super::sequence::{Phase, Sequence, SequenceSink};
@@ -45,6 +46,7 @@ use super::speculative::{RowSpec, SpecGate, SpecStats};
 use super::step::{self, RowOutcome, StepTiming};
 use crate::cache::prompt::{Reuse, ReuseSource};
 use crate::cache::PrefixCache;
+use crate::model::lora::LoraAdapter;
 use crate::model::LoadedModel;
 use crate::plugin::constraint::{ConstraintRequest, ConstraintSession, OpenError};
 use crate::plugin::session::{RowChain, TokenChain};
@@ -747,6 +749,7 @@ impl<'s> Scheduler<'s> {
                 .unwrap_or(0);
             let mut seq = self.running.remove(victim);
             let (tokens, kv) = seq.preempt();
+            let namespace = lora_namespace(model, seq.lora.as_deref());
             tracing::info!(
                 row = seq.id,
                 positions = tokens.len(),
@@ -754,7 +757,7 @@ impl<'s> Scheduler<'s> {
                 "preempted a row to stay within the memory budget; it resumes when memory frees"
             );
             if let Some(c) = caches.as_deref_mut() {
-                c.insert(&kv_namespace(model), tokens, kv);
+                c.insert(&namespace, tokens, kv);
             }
             // Counted as retired, so the worker spills what the insert
             // evicted to the SSD tier now, while memory is short.
@@ -763,6 +766,14 @@ impl<'s> Scheduler<'s> {
             let at = self.preempted.partition_point(|p| p.id < seq.id);
             self.preempted.insert(at, seq);
         }
+    }
+
+    /// The adapters waiting requests name (kept served until they start).
+    pub fn waiting_loras(&self) -> Vec<String> {
+        self.waiting
+            .iter()
+            .filter_map(|p| p.request.lora.clone())
+            .collect()
     }
 
     /// Resumes preempted rows while their reservations fit (oldest first),
@@ -778,9 +789,10 @@ impl<'s> Scheduler<'s> {
                     (seq.positions_after_feed(), seq.final_positions());
                 // What the caches give back is not refilled: only the rest's
                 // activations are reserved.
+                let namespace = lora_namespace(model, seq.lora.as_deref());
                 let reused = caches
                     .as_deref()
-                    .map_or(0, |c| c.peek(&kv_namespace(model), seq.history()));
+                    .map_or(0, |c| c.peek(&namespace, seq.history()));
                 let reserve = self.resume_reservation(model, history, reused, final_positions);
                 let Some((bytes, tokens)) = reserve else {
                     return;
@@ -818,9 +830,13 @@ impl<'s> Scheduler<'s> {
             };
             let id = self.next_id;
             self.next_id += 1;
-            let live = self.running_prefix(&pending.request.prompt_ids);
+            let lora = pending_lora(model, &pending.request);
+            let live = self.running_prefix(&pending.request.prompt_ids, lora.as_deref());
             let cached = caches.as_deref().map_or(0, |c| {
-                c.peek(&kv_namespace(model), &pending.request.prompt_ids)
+                c.peek(
+                    &lora_namespace(model, lora.as_deref()),
+                    &pending.request.prompt_ids,
+                )
             });
             // A running row's KV, where it covers more than the cache: the
             // shared prefix is not prefilled twice.
@@ -848,11 +864,12 @@ impl<'s> Scheduler<'s> {
     /// for that row's KV (prefilling the prefix themselves would take no
     /// less time: both would share the step's prefill budget).
     fn next_to_admit(&self, model: &LoadedModel, caches: Option<&PrefixCache>) -> Option<usize> {
-        let namespace = kv_namespace(model);
         self.waiting.iter().position(|p| {
             let prompt = &p.request.prompt_ids;
-            let live = self.running_prefix(prompt);
+            let lora = pending_lora(model, &p.request);
+            let live = self.running_prefix(prompt, lora.as_deref());
             let now = live.now.map_or(0, |(_, n)| n);
+            let namespace = lora_namespace(model, lora.as_deref());
             let cached = caches.map_or(0, |c| c.peek(&namespace, prompt));
             live.later < now.max(cached) + SHARED_PREFIX_WAIT_MIN
         })
@@ -860,10 +877,15 @@ impl<'s> Scheduler<'s> {
 
     /// What running rows' KV covers of `prompt` (at most all but its last
     /// token): now, and once prefilling rows have fed their shared part.
-    fn running_prefix(&self, prompt: &[u32]) -> RunningPrefix {
+    /// Only rows under the same LoRA adapter (`lora`) count.
+    fn running_prefix(&self, prompt: &[u32], lora: Option<&LoraAdapter>) -> RunningPrefix {
         let limit = prompt.len().saturating_sub(1);
         let mut out = RunningPrefix::default();
+        let uid = lora.map(|a| a.uid);
         for (i, row) in self.running.iter().enumerate() {
+            if row.lora.as_ref().map(|a| a.uid) != uid {
+                continue;
+            }
             let shared = crate::cache::common_prefix(row.history(), prompt).min(limit);
             let now = row.cache.reusable(shared.min(row.fed));
             if now > out.now.map_or(0, |(_, n)| n) {
@@ -1066,6 +1088,12 @@ fn open_constraint(
     })
 }
 
+/// The adapter a waiting request names, as served now (`None`: the base,
+/// or a name no longer served, which fails at admission).
+fn pending_lora(model: &LoadedModel, request: &GenerateRequest) -> Option<Rc<LoraAdapter>> {
+    request.lora.as_deref().and_then(|n| model.lora.get(n))
+}
+
 /// Validates and instantiates one request; `None` when it failed (its sink
 /// has the error).
 fn admit_one<'s>(
@@ -1124,7 +1152,20 @@ fn admit_one<'s>(
             request.forced_choices.clone(),
         ))
     };
-    let namespace = kv_namespace(model);
+    let lora = match request.lora.as_deref() {
+        None => None,
+        Some(name) => match model.lora.get(name) {
+            Some(a) => Some(a),
+            None => {
+                sink.finished(Err(GenerateError::InvalidRequest(format!(
+                    "no LoRA adapter `{name}` is served (adapters: {})",
+                    model.lora.names().join(", ")
+                ))));
+                return None;
+            }
+        },
+    };
+    let namespace = lora_namespace(model, lora.as_deref());
     let reuse = seed.or_else(|| caches.and_then(|c| c.lookup(&namespace, &request.prompt_ids)));
     let (mut cache, cached, source) = match reuse {
         Some(r) => (r.kv, r.reused, r.source),
@@ -1155,6 +1196,7 @@ fn admit_one<'s>(
         cached,
     );
     seq.reused_from = source;
+    seq.lora = lora;
     seq.spec = match &host {
         Some(host) => row_spec(
             host,
@@ -1201,7 +1243,7 @@ fn resume_one(
     model: &LoadedModel,
     caches: Option<&mut PrefixCache>,
 ) -> Result<(), GenerateError> {
-    let namespace = kv_namespace(model);
+    let namespace = lora_namespace(model, seq.lora.as_deref());
     let reuse = caches.and_then(|c| c.lookup(&namespace, seq.history()));
     let (mut cache, reused) = match reuse {
         Some(r) => (r.kv, r.reused),
@@ -1236,7 +1278,7 @@ fn finish(
             if let Some(c) = caches {
                 let tokens = seq.fed_ids().to_vec();
                 let cache = std::mem::replace(&mut seq.cache, crate::cache::KvCache::new(0));
-                c.insert(&kv_namespace(model), tokens, cache);
+                c.insert(&lora_namespace(model, seq.lora.as_deref()), tokens, cache);
             }
             seq.sink.finished(Ok(summary));
         }

@@ -64,6 +64,9 @@ pub struct Sequence<'s> {
     pub(crate) cached_tokens: usize,
     /// Where those tokens' KV came from.
     pub(crate) reused_from: crate::cache::prompt::ReuseSource,
+    /// The LoRA adapter the row runs with, held for its whole life (a
+    /// reload of the adapter's folder never changes a running row's).
+    pub lora: Option<std::rc::Rc<crate::model::lora::LoraAdapter>>,
     pub(crate) generated: usize,
     /// `max_tokens` capped by the context left after the prompt.
     pub(crate) max_new: usize,
@@ -160,6 +163,7 @@ impl<'s> Sequence<'s> {
             fed: cached_tokens,
             cached_tokens,
             reused_from: crate::cache::prompt::ReuseSource::None,
+            lora: None,
             generated: 0,
             top_logprobs,
             detok,

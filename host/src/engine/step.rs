@@ -146,6 +146,7 @@ pub(crate) fn run(
                 tokens,
                 cache: &mut seq.cache,
                 logits_from: if completes { n - 1 } else { n },
+                lora: seq.lora.as_deref(),
             });
             members.push((i, n, completes));
         }
@@ -498,6 +499,7 @@ fn start_lookahead(
                 tokens: &ONE_TOKEN,
                 cache: &mut seq.cache,
                 logits_from: 0,
+                lora: seq.lora.as_deref(),
             });
         }
         model.model.forward_device_ids(&mut rows, &ids)?

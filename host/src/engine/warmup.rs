@@ -271,6 +271,7 @@ fn run_rows(
                 plugin_params: serde_json::json!({}),
                 top_logprobs: row.top_logprobs,
                 speculative: crate::engine::speculative::SpecRequest::off(),
+                lora: None,
             },
             chain: ChainSource::Plugins(plugins.clone()),
             sink: Box::new(WarmSink(results.clone())),

@@ -41,6 +41,8 @@ pub struct Frontend {
     pub vocab: usize,
     /// Compute path, for the startup summary.
     pub compute: String,
+    /// The LoRA adapters served (`--lora-dir`), kept current by the engine.
+    pub lora: crate::model::lora::LoraListing,
 }
 
 /// Events a job sends back, in order: `Started`, then `Token`/`Text`
@@ -384,6 +386,7 @@ impl Engine {
             context: model.model.config().max_position_embeddings,
             vocab: model.model.config().vocab_size,
             compute: format!("{:?}", model.compute),
+            lora: model.lora.listing(),
         };
         let engine = Engine {
             caches: PrefixCache::new(PromptCache::new(caches.prompt_cache_bytes), ssd),
@@ -422,6 +425,16 @@ impl Engine {
                         }
                         Err(mpsc::RecvTimeoutError::Disconnected) => break,
                     }
+                } else if self.model.lora.watching() {
+                    // A watched adapter folder is looked at while idle too.
+                    match rx.recv_timeout(crate::model::lora::registry::POLL_INTERVAL) {
+                        Ok(m) => m,
+                        Err(mpsc::RecvTimeoutError::Timeout) => {
+                            self.poll_lora();
+                            continue;
+                        }
+                        Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    }
                 } else {
                     match rx.recv() {
                         Ok(m) => m,
@@ -434,6 +447,7 @@ impl Engine {
             while let Ok(msg) = rx.try_recv() {
                 self.take(msg, &mut shutdown);
             }
+            self.poll_lora();
             self.step();
             if self.caches.has_unwritten() {
                 let since = *unwritten_since.get_or_insert_with(Instant::now);
@@ -445,6 +459,16 @@ impl Engine {
         }
         // Every handle is gone: write what is left.
         guarded("flush", || self.caches.flush(SHUTDOWN_FLUSH));
+    }
+
+    /// Applies settled changes of the adapter folder (between steps: a
+    /// running row keeps the adapter it started with; an adapter a waiting
+    /// request names is not removed under it).
+    fn poll_lora(&mut self) {
+        let waiting = self.scheduler.waiting_loras();
+        self.model
+            .lora
+            .poll(&|name| waiting.iter().any(|w| w == name));
     }
 
     /// Queues a job (or notes a shutdown request).

@@ -63,6 +63,24 @@ pub trait CausalLm {
     fn nbytes(&self) -> usize {
         self.parameters().iter().map(|a| a.nbytes()).sum()
     }
+
+    /// The products LoRA adapters may adapt, with their shapes; `None`
+    /// when the architecture runs no adapters (rows never carry one then:
+    /// adapters are refused when they load).
+    fn lora_targets(&self) -> Option<super::lora::LoraTargets> {
+        None
+    }
+
+    /// Merges `adapter` into the weights (`--lora-merge`).
+    ///
+    /// Errors: the architecture runs no adapters; MLX errors.
+    fn merge_lora(&mut self, adapter: &super::lora::LoraAdapter) -> Result<()> {
+        Err(super::lora::LoraError::Unsupported(format!(
+            "adapter `{}` cannot be merged into this architecture",
+            adapter.name
+        ))
+        .into())
+    }
 }
 
 impl CausalLm for super::Llama {
@@ -92,6 +110,14 @@ impl CausalLm for super::Llama {
 
     fn parameters(&self) -> Vec<&Array> {
         super::Llama::parameters(self)
+    }
+
+    fn lora_targets(&self) -> Option<super::lora::LoraTargets> {
+        Some(super::Llama::lora_targets(self))
+    }
+
+    fn merge_lora(&mut self, adapter: &super::lora::LoraAdapter) -> Result<()> {
+        super::lora::merge::merge(self, adapter)
     }
 }
 

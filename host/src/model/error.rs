@@ -53,6 +53,9 @@ pub enum ModelError {
     /// An MLX operation failed.
     #[error("MLX: {0}")]
     Mlx(#[from] mlx_rs::error::Exception),
+    /// A LoRA adapter failed to load or apply.
+    #[error(transparent)]
+    Lora(#[from] super::lora::LoraError),
     /// Filesystem error on a named path.
     #[error("{path}: {source}")]
     Io {

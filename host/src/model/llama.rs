@@ -26,6 +26,7 @@ use super::cuda_fused;
 use super::decode_layer::{decode_layer, FusedLayer, LayerShape};
 use super::error::{ModelError, Result};
 use super::linear::{Embedding, Linear};
+use super::lora::{LoraAdapter, LoraTargets, Module, Slot, StepLora};
 use super::moe::SparseMoe;
 use super::ragged;
 use crate::cache::slab::{self, DecodeSlab, SlabStep};
@@ -167,6 +168,16 @@ pub struct DenseMlp {
     pub down_proj: Linear,
 }
 
+impl DenseMlp {
+    /// The MLP width (`down_proj`'s inputs).
+    pub fn down_proj_inputs(&self) -> i32 {
+        match &self.gate_up {
+            Projections::Fused(_, widths) => widths.first().copied().unwrap_or(0),
+            Projections::Separate(parts) => parts.first().map_or(0, Linear::out_features),
+        }
+    }
+}
+
 impl Mlp {
     /// Every linear layer's parameters.
     fn tensors(&self) -> Vec<&Array> {
@@ -223,6 +234,9 @@ pub struct RowInput<'a> {
     /// Index into `tokens` from which logits are returned
     /// (`tokens.len() - 1` for the last position only; `tokens.len()` for none).
     pub logits_from: usize,
+    /// The LoRA adapter the row runs with (`None`: the base model). Only
+    /// architectures with [`super::CausalLm::lora_targets`] honour it.
+    pub lora: Option<&'a LoraAdapter>,
 }
 
 impl Llama {
@@ -240,8 +254,10 @@ impl Llama {
         device_ids: Option<&Array>,
     ) -> Result<Vec<Array>> {
         let vocab = self.config.vocab_size;
+        // Rows with an adapter decode through MLX ops: the fused layer op
+        // has no LoRA delta.
         if let Some(fused) = &self.fused_decode {
-            if !rows.is_empty() && rows.iter().all(|r| r.tokens.len() == 1) {
+            if !rows.is_empty() && rows.iter().all(|r| r.tokens.len() == 1 && r.lora.is_none()) {
                 return self.forward_fused_decode(fused, rows, device_ids);
             }
         }
@@ -254,6 +270,9 @@ impl Llama {
             return Ok(ragged::no_logits(rows.len(), vocab));
         };
         let ids = device_ids.cloned().unwrap_or(ids);
+        let adapters: Vec<Option<&LoraAdapter>> = rows.iter().map(|r| r.lora).collect();
+        let lora = StepLora::new(&adapters, &lens);
+        let lora = lora.as_ref();
         let mut slab = self.begin_slab_step(rows)?;
         let mut h = self.embed.lookup(&ids, self.dtype)?;
         let eps = self.config.rms_norm_eps;
@@ -263,13 +282,24 @@ impl Llama {
             None => h.clone(),
         };
         for (l, layer) in self.layers.iter().enumerate() {
-            let attn = self.attention(l, layer, &x, rows, &lens, &positions, slab.as_mut())?;
-            let o = layer.o_proj.forward_with(&attn, self.layer_kernel)?;
+            let attn =
+                self.attention(l, layer, &x, rows, &lens, &positions, slab.as_mut(), lora)?;
+            let mut o = layer.o_proj.forward_with(&attn, self.layer_kernel)?;
+            if let Some(lora) = lora {
+                o = lora.add(l, Slot::O, &attn, o)?;
+            }
             (h, x) = add_rms_norm(&h, &o, &layer.post_attention_norm, eps, fused)?;
             let down = match &layer.mlp {
                 Mlp::Dense(mlp) => {
-                    let act = self.swiglu(mlp, &x, fused)?;
-                    mlp.down_proj.forward_with(&act, self.layer_kernel)?
+                    let act = match lora {
+                        Some(lora) => self.swiglu_lora(mlp, &x, l, lora)?,
+                        None => self.swiglu(mlp, &x, fused)?,
+                    };
+                    let down = mlp.down_proj.forward_with(&act, self.layer_kernel)?;
+                    match lora {
+                        Some(lora) => lora.add(l, Slot::Down, &act, down)?,
+                        None => down,
+                    }
                 }
                 Mlp::Sparse(moe) => moe.forward(&x)?,
             };
@@ -313,6 +343,64 @@ impl Llama {
             ops::multiply(gate, ops::sigmoid(gate)?)?,
             up,
         )?)
+    }
+
+    /// [`Llama::swiglu`] with the step's LoRA delta added to the gate/up
+    /// product before the activation.
+    fn swiglu_lora(&self, mlp: &DenseMlp, x: &Array, l: usize, lora: &StepLora) -> Result<Array> {
+        let Some(delta) = lora.delta(l, Slot::GateUp, x)? else {
+            return self.swiglu(mlp, x, false);
+        };
+        let gu = match &mlp.gate_up {
+            Projections::Fused(lin, _) => lin.forward_with(x, self.layer_kernel)?,
+            Projections::Separate(_) => {
+                ops::concatenate(&mlp.gate_up.forward(x, self.layer_kernel)?, 1)?
+            }
+        };
+        let gu = ops::add(&gu, &delta)?;
+        if cpu_swiglu::applies(&gu) {
+            return cpu_swiglu::swiglu_rows(&gu);
+        }
+        let i = gu.shape()[1] / 2;
+        let (gate, up) = (gu.index((.., 0..i)), gu.index((.., i..)));
+        Ok(ops::multiply(
+            ops::multiply(&gate, ops::sigmoid(&gate)?)?,
+            &up,
+        )?)
+    }
+
+    /// The products adapters may adapt: every layer's q/k/v and o, and a
+    /// dense MLP's gate/up and down (not a mixture of experts').
+    pub fn lora_targets(&self) -> LoraTargets {
+        let c = &self.config;
+        let (e, d) = (c.hidden_size as i32, c.head_dim() as i32);
+        let (q, kv) = (
+            c.num_attention_heads as i32 * d,
+            c.num_key_value_heads as i32 * d,
+        );
+        let layers = self
+            .layers
+            .iter()
+            .map(|layer| {
+                let mut m = std::collections::HashMap::from([
+                    (Module::Q, (e, q)),
+                    (Module::K, (e, kv)),
+                    (Module::V, (e, kv)),
+                    (Module::O, (q, e)),
+                ]);
+                if let Mlp::Dense(mlp) = &layer.mlp {
+                    let i = mlp.down_proj_inputs();
+                    m.insert(Module::Gate, (e, i));
+                    m.insert(Module::Up, (e, i));
+                    m.insert(Module::Down, (i, e));
+                }
+                m
+            })
+            .collect();
+        LoraTargets {
+            layers,
+            dtype: self.dtype,
+        }
     }
 
     /// Starts the step's use of the decode slab ([`crate::cache::slab`])
@@ -444,6 +532,7 @@ impl Llama {
         lens: &[usize],
         positions: &Array,
         slab: Option<&mut SlabStep<'_>>,
+        lora: Option<&StepLora>,
     ) -> Result<Array> {
         let c = &self.config;
         let d = c.head_dim() as i32;
@@ -459,8 +548,21 @@ impl Llama {
         // contiguous run of the fused product, so one RoPE kernel serves both
         // (the same values; on a GPU a 1-row decode step is bound by its
         // kernel launches, 30 fewer here on SmolLM2).
+        let delta = match lora {
+            Some(lora) => lora.delta(l, Slot::Qkv, x)?,
+            None => None,
+        };
         let joined = if n == 1 && layer.q_norm.is_none() && layer.k_norm.is_none() {
-            layer.qkv.forward_joined(x, self.layer_kernel, bias)?
+            layer
+                .qkv
+                .forward_joined(x, self.layer_kernel, bias)?
+                .map(|(y, w)| -> Result<(Array, &[i32])> {
+                    Ok(match &delta {
+                        Some(d) => (ops::add(&y, d)?, w),
+                        None => (y, w),
+                    })
+                })
+                .transpose()?
         } else {
             None
         };
@@ -471,7 +573,15 @@ impl Llama {
                 (qk.index((.., 0..nh)), qk.index((.., nh..)), v)
             }
             _ => {
-                let qkv = layer.qkv.forward_biased(x, self.layer_kernel, bias)?;
+                let mut qkv = layer.qkv.forward_biased(x, self.layer_kernel, bias)?;
+                if let Some(d) = &delta {
+                    let mut start = 0;
+                    for part in qkv.iter_mut() {
+                        let w = part.shape()[1];
+                        *part = ops::add(&*part, d.index((.., start..start + w)))?;
+                        start += w;
+                    }
+                }
                 (
                     rope(&qkv[0], nh, layer.q_norm.as_ref())?,
                     rope(&qkv[1], nkv, layer.k_norm.as_ref())?,

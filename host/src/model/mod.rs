@@ -24,6 +24,7 @@ pub mod gguf_file;
 pub mod gpt_oss;
 pub mod linear;
 pub mod llama;
+pub mod lora;
 pub mod moe;
 pub mod mxfp4;
 pub mod prefill_attention;
@@ -96,6 +97,31 @@ pub struct LoadedModel {
     pub source_tensors: Option<weights::TensorMap>,
     /// BOS token string (for templates and tokenizer_config.json).
     pub bos_token: Option<String>,
+    /// The LoRA adapters served on top of it (`--lora-dir`; empty unless
+    /// set after loading).
+    pub lora: lora::LoraSet,
+    /// The fingerprint of the adapter merged into the weights
+    /// (`--lora-merge`, [`LoadedModel::merge_lora`]); part of every cache
+    /// namespace, so KV of the merged weights never meets the base's.
+    pub merged_lora: Option<String>,
+}
+
+impl LoadedModel {
+    /// Merges the adapter in folder `dir` into the weights
+    /// (`--lora-merge`).
+    ///
+    /// Errors: the adapter does not load or fit; the architecture runs no
+    /// adapters.
+    pub fn merge_lora(&mut self, dir: &Path) -> Result<()> {
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "merged".into());
+        let adapter = lora::LoraSet::load_one(&name, dir, self.model.lora_targets())?;
+        self.model.merge_lora(&adapter)?;
+        self.merged_lora = Some(adapter.fingerprint.clone());
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for LoadedModel {
@@ -193,6 +219,8 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         compute,
         source_tensors: opts.keep_tensors.then_some(tensors),
         bos_token,
+        lora: lora::LoraSet::default(),
+        merged_lora: None,
     })
 }
 

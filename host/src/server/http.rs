@@ -459,19 +459,41 @@ pub async fn dispatch(
     let plugins2 = plugins.clone();
     let joined = tokio::task::spawn_blocking(move || {
         let action = call.handle(&http_req);
+        let served = frontend2.lora.read().map(|l| l.clone()).unwrap_or_default();
         let prepared = match action {
+            Ok(Action::Respond(r)) if http_req.method == "GET" && http_req.path == "/v1/models" => {
+                Ok(Err(super::lora::with_adapters(r, &served)))
+            }
             Ok(Action::Respond(r)) => Ok(Err(r)),
             Ok(Action::Generate(g)) => {
+                let lora = if served.is_empty() {
+                    Ok(None)
+                } else {
+                    super::lora::resolve(&http_req.body, &frontend2.model_id, &served)
+                };
                 let constraint = call.take_constraint();
                 let strict = call.take_strict_tools();
                 let speculation = call.take_speculation();
-                match prepare(g, &frontend2, &plugins2, &app2.defaults).and_then(|mut p| {
-                    if speculation.is_some() {
-                        p.request.speculative =
-                            super::request::speculative(speculation.as_ref(), &app2.defaults);
-                    }
-                    super::request::constrained(p, constraint, &strict, &plugins2, &app2.defaults)
-                }) {
+                match lora
+                    .and_then(|lora| {
+                        prepare(g, &frontend2, &plugins2, &app2.defaults).map(|mut p| {
+                            p.request.lora = lora;
+                            p
+                        })
+                    })
+                    .and_then(|mut p| {
+                        if speculation.is_some() {
+                            p.request.speculative =
+                                super::request::speculative(speculation.as_ref(), &app2.defaults);
+                        }
+                        super::request::constrained(
+                            p,
+                            constraint,
+                            &strict,
+                            &plugins2,
+                            &app2.defaults,
+                        )
+                    }) {
                     Ok(p) => Ok(Ok(p)),
                     Err(e) => Ok(Err(call.render_error(&e))),
                 }

@@ -10,6 +10,7 @@ mod guard;
 pub mod http;
 pub mod intake;
 pub mod listen;
+pub mod lora;
 pub mod metrics;
 pub mod request;
 pub mod strict_tools;

@@ -511,6 +511,7 @@ pub fn prepare(
                 0
             },
             speculative: speculative(None, defaults),
+            lora: None,
         },
         stream: g.stream,
         logprobs: g.logprobs,

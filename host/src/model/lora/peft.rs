@@ -1,0 +1,150 @@
+//! PEFT's adapter folder (`save_pretrained` of a `LoraConfig`):
+//! `adapter_model.safetensors` holds
+//! `base_model.model.model.layers.N.<module>.lora_A.weight` `[r, in]` and
+//! `lora_B.weight` `[out, r]`; `adapter_config.json` holds `r`,
+//! `lora_alpha`, `target_modules` and `use_rslora`. The delta is
+//! `x @ A^T @ B^T * lora_alpha / r` (`/ sqrt(r)` with rsLoRA), read here as
+//! mlx-lm's orientation (`A [in, r]`, `B [r, out]`). Per-module ranks and
+//! alphas (`rank_pattern`, `alpha_pattern`), DoRA and bias training are
+//! refused.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use mlx_rs::Array;
+use serde::Deserialize;
+
+use super::{LoraError, LoraPart, Module, RawAdapter};
+
+/// A module's A and B as found, with their names.
+type Pair = (Option<(String, Array)>, Option<(String, Array)>);
+
+/// The weights file.
+pub const WEIGHTS: &str = "adapter_model.safetensors";
+
+#[derive(Deserialize)]
+struct Config {
+    #[serde(default)]
+    peft_type: Option<String>,
+    r: f32,
+    lora_alpha: f32,
+    #[serde(default)]
+    use_rslora: bool,
+    #[serde(default)]
+    use_dora: bool,
+    #[serde(default)]
+    rank_pattern: serde_json::Map<String, serde_json::Value>,
+    #[serde(default)]
+    alpha_pattern: serde_json::Map<String, serde_json::Value>,
+    #[serde(default)]
+    target_modules: Option<serde_json::Value>,
+}
+
+/// Reads the folder `dir`.
+///
+/// Errors: a missing or malformed config, a non-LoRA PEFT type, DoRA,
+/// per-module ranks or alphas, a tensor outside the decoder layers'
+/// projections, a module not in `target_modules`, an A without its B.
+pub fn read(dir: &Path) -> Result<RawAdapter, LoraError> {
+    let config_path = dir.join("adapter_config.json");
+    let text =
+        std::fs::read_to_string(&config_path).map_err(|e| LoraError::invalid(&config_path, e))?;
+    let config: Config =
+        serde_json::from_str(&text).map_err(|e| LoraError::invalid(&config_path, e))?;
+    let refuse = |what: &str| Err(LoraError::invalid(&config_path, what));
+    if config.peft_type.as_deref().is_some_and(|t| t != "LORA") {
+        return refuse("peft_type is not LORA");
+    }
+    if config.use_dora {
+        return refuse("use_dora: DoRA adapters are not served");
+    }
+    if !config.rank_pattern.is_empty() || !config.alpha_pattern.is_empty() {
+        return refuse("rank_pattern / alpha_pattern (per-module ranks) are not supported");
+    }
+    if config.r <= 0.0 {
+        return refuse("r must be positive");
+    }
+    let scale = if config.use_rslora {
+        config.lora_alpha / config.r.sqrt()
+    } else {
+        config.lora_alpha / config.r
+    };
+    let targets: Option<Vec<String>> = match &config.target_modules {
+        Some(serde_json::Value::Array(v)) => Some(
+            v.iter()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect(),
+        ),
+        _ => None,
+    };
+    let path = dir.join(WEIGHTS);
+    let tensors = Array::load_safetensors(&path).map_err(|e| LoraError::invalid(&path, e))?;
+    let mut pairs: BTreeMap<(usize, Module), Pair> = BTreeMap::new();
+    for (name, array) in tensors {
+        let (layer, module, is_a) = parse_name(&name).ok_or_else(|| {
+            LoraError::invalid(
+                &path,
+                format!("tensor `{name}` is not `...layers.N.<projection>.lora_A|lora_B.weight` of an adapted projection"),
+            )
+        })?;
+        if let Some(t) = &targets {
+            let short = module.path().rsplit('.').next().unwrap_or_default();
+            if !t.iter().any(|m| m == short || m == module.path()) {
+                return Err(LoraError::invalid(
+                    &path,
+                    format!("tensor `{name}` adapts `{short}`, which target_modules does not list"),
+                ));
+            }
+        }
+        let entry = pairs.entry((layer, module)).or_default();
+        if is_a {
+            entry.0 = Some((name, array.t()));
+        } else {
+            entry.1 = Some((name, array.t()));
+        }
+    }
+    let mut parts = Vec::with_capacity(pairs.len());
+    for ((layer, module), pair) in pairs {
+        match pair {
+            (Some((na, a)), Some((nb, b))) => parts.push(LoraPart {
+                layer,
+                module,
+                a,
+                b,
+                scale,
+                names: (na, nb),
+            }),
+            (Some((n, _)), None) | (None, Some((n, _))) => {
+                return Err(LoraError::invalid(
+                    &path,
+                    format!(
+                    "tensor `{n}` has no partner (an adapted projection needs lora_A and lora_B)"
+                ),
+                ))
+            }
+            (None, None) => {}
+        }
+    }
+    Ok(RawAdapter {
+        format: "peft",
+        parts,
+        path: dir.to_path_buf(),
+    })
+}
+
+/// `[base_model.model.]model.layers.N.<module path>.lora_A|lora_B.weight`
+/// -> (N, module, is A).
+fn parse_name(name: &str) -> Option<(usize, Module, bool)> {
+    let rest = name.strip_suffix(".weight")?;
+    let (rest, leaf) = rest.rsplit_once('.')?;
+    let is_a = match leaf {
+        "lora_A" => true,
+        "lora_B" => false,
+        _ => return None,
+    };
+    let at = rest.find("layers.")?;
+    let rest = &rest[at + "layers.".len()..];
+    let (layer, module) = rest.split_once('.')?;
+    let module = Module::ALL.into_iter().find(|m| m.path() == module)?;
+    Some((layer.parse().ok()?, module, is_a))
+}
