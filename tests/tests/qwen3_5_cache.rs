@@ -128,6 +128,10 @@ fn a_conversation_resumes_from_the_ssd_tier_after_a_restart() {
                     "turn {k}: reused {cached} from SSD"
                 );
             }
+            if k % 10 == 9 {
+                let cold = generate(&f, &prompt, REPLY, None).0;
+                assert_same(&format!("turn {k} from SSD"), &out, &cold);
+            }
             prompts.push(prompt.clone());
             replies.push(out.iter().map(|t| t.0).collect());
         }
