@@ -409,6 +409,48 @@ mod tests {
         }
     }
 
+    /// A hybrid entry (recurrent states stored at some positions) trims
+    /// only to those; a full one to any length, a sliding one from
+    /// `resume_from` on; the header keeps the positions.
+    #[test]
+    fn hybrid_entries_resume_only_at_their_state_positions() {
+        let hybrid = EntryLayout {
+            kind: "hybrid".into(),
+            layer_starts: Vec::new(),
+            resume_from: 0,
+            state_positions: vec![512, 2560, 3899, 3900],
+        };
+        for (n, ok) in [
+            (512, true),
+            (513, false),
+            (3899, true),
+            (3900, true),
+            (0, false),
+        ] {
+            assert_eq!(hybrid.resumes_at(n), ok, "{n}");
+        }
+        assert!(resumes_at(0, &[], 7));
+        assert!(!resumes_at(300, &[], 299) && resumes_at(300, &[], 300));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.kv");
+        let mut f = File::create(&path).unwrap();
+        let bytes = vec![0u8; 16];
+        let tensors = vec![TensorSource {
+            name: "layers.0.ssm@3".into(),
+            dtype: "float32".into(),
+            shape: vec![1, 1, 2, 2],
+            runs: vec![&bytes[..]],
+        }];
+        let layout = EntryLayout {
+            state_positions: vec![2, 3],
+            ..hybrid
+        };
+        write_entry(&mut f, &key(), &layout, &[1, 2, 3], &tensors).unwrap();
+        let h = read_header(&File::open(&path).unwrap()).unwrap();
+        assert_eq!(h.kind, "hybrid");
+        assert_eq!(h.state_positions, vec![2, 3]);
+    }
+
     fn write_sample(dir: &std::path::Path) -> (std::path::PathBuf, Vec<u8>) {
         let data: Vec<u8> = (0..10_000u32)
             .flat_map(|i| (i as f32).to_le_bytes())
