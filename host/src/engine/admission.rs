@@ -48,6 +48,25 @@ pub struct RowShape {
     /// Bytes per KV element (the activation dtype: 2 for float16/bfloat16,
     /// 4 for float32).
     pub kv_elem_bytes: usize,
+    /// Bytes a row holds per recurrent-state layer (gated DeltaNet), at any
+    /// length: its conv and recurrent states, and as many again for each
+    /// checkpoint it may keep (`cache::state`); 0 without such layers.
+    pub state_bytes: usize,
+}
+
+/// Bytes a row holds per gated-DeltaNet layer: the conv state `[K - 1,
+/// C]` (activation dtype) and the recurrent state `[H_v, D_v, D_k]`
+/// (float32), for the current states, the step before and up to
+/// `cache::state::MAX_CHECKPOINTS` + 1 checkpoints; 0 for a model without
+/// such layers.
+fn recurrent_state_bytes(config: &ModelConfig, elem: usize) -> usize {
+    if !crate::model::qwen3_5::config::is_hybrid(&config.model_type) {
+        return 0;
+    }
+    let d = config.linear_attn.dims();
+    let one = (d.conv_kernel.saturating_sub(1)) * d.conv_width() * elem
+        + d.value_heads * d.value_dim * d.key_dim * 4;
+    one * (crate::cache::state::MAX_CHECKPOINTS + 3)
 }
 
 /// A sparse layer's per-token MLP width: its `k` experts' `I_expert`-wide
@@ -88,11 +107,13 @@ impl RowShape {
             per_layer_inputs: config.num_hidden_layers * g.per_layer_width(),
             vocab: config.vocab_size,
             kv_elem_bytes,
+            state_bytes: recurrent_state_bytes(config, kv_elem_bytes),
         }
     }
 
     /// KV bytes of a row holding `tokens` positions: per cache layer
-    /// `2 × H_kv × min(tokens, window) × D × elem`.
+    /// `2 × H_kv × min(tokens, window) × D × elem`; a recurrent-state layer
+    /// holds [`RowShape::state_bytes`] whatever the length (once fed).
     pub fn kv_bytes(&self, tokens: usize) -> u64 {
         self.kinds
             .iter()
@@ -101,8 +122,7 @@ impl RowShape {
                 let kept = match k {
                     LayerKind::Full => tokens,
                     LayerKind::SlidingWindow { window } => tokens.min(*window),
-                    // A fixed-size state per row, not per position (small
-                    // beside the full layers' KV at any real length).
+                    LayerKind::Recurrent if tokens > 0 => return self.state_bytes as u64,
                     LayerKind::Recurrent => 0,
                 };
                 let per_position = (2 * s.kv_heads * s.head_dim * self.kv_elem_bytes) as u64;
@@ -254,6 +274,44 @@ mod tests {
             per_layer_inputs: 0,
             vocab: 49152,
             kv_elem_bytes: 4,
+            state_bytes: 0,
+        }
+    }
+
+    /// A hybrid model's rows hold their recurrent states (and checkpoints)
+    /// at any length, counted once fed; its full layers' KV per position.
+    #[test]
+    fn recurrent_layers_count_their_states_not_positions() {
+        let c: ModelConfig = serde_json::from_value(crate::model::qwen3_5::config::normalize(
+            serde_json::json!({
+                "model_type": "qwen3_5", "text_config": {
+                    "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 96,
+                    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
+                    "vocab_size": 256, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                    "linear_key_head_dim": 32, "linear_value_head_dim": 16,
+                }
+            }),
+        ))
+        .expect("config");
+        let kinds = crate::model::qwen3_5::config::layer_kinds(&c);
+        let kv = KvShape {
+            kv_heads: 2,
+            head_dim: 32,
+        };
+        let s = RowShape::new(&c, kinds, vec![kv; 4], 4);
+        // conv [3, 2*2*32 + 4*16] float32 + state [4, 16, 32] float32, 11 copies.
+        let one = 3 * 192 * 4 + 4 * 16 * 32 * 4;
+        assert_eq!(
+            s.state_bytes,
+            one * (crate::cache::state::MAX_CHECKPOINTS + 3)
+        );
+        assert_eq!(s.kv_bytes(0), 0);
+        let per_position = 2 * 2 * 32 * 4;
+        for tokens in [1, 1000] {
+            assert_eq!(
+                s.kv_bytes(tokens),
+                (3 * s.state_bytes + tokens * per_position) as u64
+            );
         }
     }
 
