@@ -293,6 +293,9 @@ impl Qwen35 {
         }
         let decoding: Vec<usize> = (0..lens.len()).filter(|&r| lens[r] == 1).collect();
         let decoded = if decoding.is_empty() {
+            // No row decodes: the last stack would only hold memory (rows
+            // that decode again later are stacked afresh).
+            drop(self.stacks.take(l));
             None
         } else {
             Some(self.delta_decode(l, d, &dims, rows, &decoding, &starts, qkv, &log_g, &beta)?)
