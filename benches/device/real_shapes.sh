@@ -17,6 +17,9 @@ SHAPE="${SHAPE:-qwen3-8b}"
 DIR="${MODELS:-/tmp/g/models}/$SHAPE"
 OUT="${OUT:-${OUT_DIR:-/tmp}/real-shapes}"; mkdir -p "$OUT"
 [ -f "$DIR/model.safetensors" ] || python3 benches/make_real_shape.py "$SHAPE" "$DIR" "${TOK:-/tmp/g/tok}"
+# The model code's info lines: which CUDA kernels passed their self-tests (with the time, mostly
+# NVRTC compiling) and the quantized mat-vec kernel's per-shape choice against MLX's op.
+export MLXHOST_LOG="${MLXHOST_LOG:-warn,mlxhost::model=info}"
 used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
 echo "{\"shape\": \"$SHAPE\", \"gpu_used_mib_before\": $(used)}"
 # Bytes a decode step streams (every tensor but the input embedding, unless it is the tied head) and

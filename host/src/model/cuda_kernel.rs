@@ -242,21 +242,33 @@ impl SelfTestedGate {
                 return false;
             }
             let (name, fallback) = (self.name, self.fallback);
-            match self_test(dtype) {
+            // The test's time is mostly NVRTC compiling each template
+            // instance at first use (seconds each on an H100, cached on disk
+            // after: gpu_kernel_cache), so it is logged with the verdict.
+            let started = std::time::Instant::now();
+            let verdict = self_test(dtype);
+            let self_test_ms = started.elapsed().as_millis() as u64;
+            match verdict {
                 Ok(diff) if diff <= tolerance(dtype) => {
-                    tracing::info!(?dtype, max_diff = diff, "{name} in use");
+                    tracing::info!(?dtype, max_diff = diff, self_test_ms, "{name} in use");
                     true
                 }
                 Ok(diff) => {
                     tracing::warn!(
                         ?dtype,
                         max_diff = diff,
+                        self_test_ms,
                         "{name} disagrees with {fallback}; using {fallback}"
                     );
                     false
                 }
                 Err(e) => {
-                    tracing::warn!(?dtype, error = %e, "{name} failed; using {fallback}");
+                    tracing::warn!(
+                        ?dtype,
+                        error = %e,
+                        self_test_ms,
+                        "{name} failed; using {fallback}"
+                    );
                     false
                 }
             }

@@ -328,8 +328,10 @@ struct ShapeKey {
 /// take the kernel: [`available`] for x's dtype and, under
 /// `MLXHOST_QMV=auto`, the kernel measured faster than MLX's op for this
 /// shape and row count on this device (measured once per shape: the
-/// fastest of 3 rounds of 8 products each, after one to compile; ~1 ms
-/// per shape for a 32B model's layers, logged at debug).
+/// fastest of 3 rounds of 8 products each, after one to compile, logged at
+/// info). The measuring itself is ~1 ms per shape; the compile is NVRTC's,
+/// once per template instance (row count, bits, group size), seconds each
+/// on a cold H100 and read back from disk after ([`crate::gpu_kernel_cache`]).
 pub fn prefer(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: QuantSpec) -> bool {
     let (xs, ws) = (x.shape(), w.shape());
     if xs.len() != 2 || ws.len() != 2 || !supports(spec, xs[0], xs[1], x.dtype()) {
@@ -356,7 +358,7 @@ pub fn prefer(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: QuantS
     }
     let verdict = match race(key, x.dtype(), w, scales, biases, spec) {
         Ok((ours, theirs)) => {
-            tracing::debug!(
+            tracing::info!(
                 out = key.out,
                 input = key.input,
                 rows = key.rows,
