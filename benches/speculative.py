@@ -1,7 +1,8 @@
 """Speculative decoding benchmark client for benches/speculative.sh: one `mlxhost serve`, the
 same prompts with and without prompt lookup (`"speculative": {"drafter": "prompt-lookup"}` vs
-`"speculative": false`, so one server, one model load). Greedy; every prompt starts with a unique
-request number, so no prompt-cache hit helps either side.
+`"speculative": false`, so one server, one model load). Greedy, and the server runs without a
+prompt cache (`--prompt-cache 0`, benches/speculative.sh), so both sides get the same prompts,
+prefill them whole and write the same replies.
 
 Two prompt sets: code edits ("rewrite this 60-line function renaming X to Y": the reply repeats
 the function with one name changed, the case prompt lookup is for) and free text (short stories:
@@ -37,7 +38,6 @@ SETS = os.environ.get("SETS", "code-edit free-text").split()
 ROUNDS = int(os.environ.get("ROUNDS", "2"))
 DRAFTER = os.environ.get("DRAFTER", "prompt-lookup")
 N_MAX = os.environ.get("N_MAX")
-counter = [0]
 
 # A 60-line function in the style of real code (each line different), and the names a code-edit
 # prompt renames in it (every one occurs several times).
@@ -109,12 +109,11 @@ TOPICS = ["a lighthouse keeper", "a baker", "a sailor", "a clockmaker", "a garde
 
 
 def prompt(kind, i):
-    counter[0] += 1
     if kind == "code-edit":
         old, new = NAMES[i % len(NAMES)]
-        return (f"Request {counter[0]}. Rewrite this function, renaming `{old}` to `{new}`. "
+        return (f"Rewrite this function, renaming `{old}` to `{new}`. "
                 f"Reply with the whole function only.\n\n```python\n{FUNCTION}\n```")
-    return f"Request {counter[0]}. Write a short story about {TOPICS[i % len(TOPICS)]}."
+    return f"Write a short story about {TOPICS[i % len(TOPICS)]}."
 
 
 def body(kind, i, spec):

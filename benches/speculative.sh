@@ -13,7 +13,8 @@ BIN="${BIN:-target/release/mlxhost}"
 MODEL="${MODEL:-qwen2.5-coder-0.5b}"
 PORT="${PORT:-18090}"
 LOG=$(mktemp -t mlxhost-speculative.XXXXXX.log)
-"$BIN" serve --model "$MODEL" --plugins plugins --port "$PORT" ${MLXHOST_ARGS:-} 2>"$LOG" &
+# No prompt cache: both sides send the same prompts and must prefill them alike.
+"$BIN" serve --model "$MODEL" --plugins plugins --port "$PORT" --prompt-cache 0 ${MLXHOST_ARGS:-} 2>"$LOG" &
 PID=$!
 trap 'kill $PID 2>/dev/null || true; wait $PID 2>/dev/null || true' EXIT
 for _ in $(seq 1 600); do
