@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# One device call's worth of real-shape measurements, most wanted first, each part under its own
+# time limit and all of them under the call's (DEADLINE seconds, default 540: the device tool
+# allows 600 a call). A part that would start with less than MIN_PART seconds left is skipped and
+# named, so the next call can go on with PARTS set to what is left. Run after unpack.sh's
+# environment is sourced (docs/gpu.md); OUT is where each part's log and JSON lines go.
+#
+# Parts (PARTS, in order; default: all of them):
+#   8b          Qwen3-8B shape, batch-1 step: mlxhost (its mat-vec kernel), MLXHOST_QMV=off,
+#               --lookahead, mlx_lm.benchmark                                 (issue 35)
+#   moe         Qwen3-30B-A3B shape, batch-1 step: mlxhost, mlx_lm.benchmark  (issue 37)
+#   gpt-oss     gpt-oss-20b shape (MXFP4 experts), the same                   (issue 37)
+#   32b         Qwen2.5-32B shape, batch-1 step: mlxhost, --lookahead, mlx-lm (issue 35)
+#   hybrid      Qwen3.5-9B shape, batch-1 step: mlxhost, mlx-lm               (issue 38)
+#   8b-batch    Qwen3-8B shape, batch-8 step: mlxhost, mlx-lm                 (issue 35)
+#   8b-memory   Qwen3-8B shape, `real_shapes.sh memory`: memory after warm-up, first-50 TTFT
+#   smoke       the tiny MoE shape, batch-1 step (checks the wiring on any machine; not default)
+# Each shape's weights are made here the first time a part needs them (make_real_shape.py, ~1 min
+# for 8B) and stay in $MODELS for the machine's life.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+: "${MLXHOST_BIN:?source the output of benches/device/unpack.sh first}"
+DEADLINE="${DEADLINE:-540}"
+MIN_PART="${MIN_PART:-60}"
+OUT="${OUT:-/tmp/wave}"
+mkdir -p "$OUT"
+start=$SECONDS
+left() { echo $((DEADLINE - (SECONDS - start))); }
+
+# part NAME LIMIT SHAPE MODE [env...]: real_shapes.sh MODE for SHAPE under min(LIMIT, time left).
+part() {
+  local name=$1 limit=$2 shape=$3 mode=$4
+  shift 4
+  local budget
+  budget=$(left)
+  if [ "$budget" -lt "$MIN_PART" ]; then
+    echo "{\"part\": \"$name\", \"skipped\": \"${budget} s left\"}"
+    return
+  fi
+  [ "$limit" -lt "$budget" ] && budget=$limit
+  echo "{\"part\": \"$name\", \"limit_s\": $budget}"
+  local t0=$SECONDS
+  env "$@" SHAPE="$shape" OUT="$OUT/$name" timeout "$budget" bash benches/device/real_shapes.sh "$mode" \
+    2>&1 | grep -v '^\[INFO\]' | tee "$OUT/$name.txt"
+  local rc=${PIPESTATUS[0]}
+  # The kernels' verdicts and the mat-vec kernel's per-shape choices (with their compile time).
+  grep -h -E "in use|less accurate|failed; using|quantized mat-vec: " "$OUT/$name"/*.log 2>/dev/null \
+    | head -8
+  echo "{\"part\": \"$name\", \"rc\": $rc, \"seconds\": $((SECONDS - t0))}"
+}
+
+for p in ${PARTS:-8b moe gpt-oss 32b hybrid 8b-batch 8b-memory}; do
+  case "$p" in
+    8b) part 8b 300 qwen3-8b step BATCHES=1 VARIANTS="qmv off lookahead mlx-lm" ;;
+    moe) part moe 300 qwen3-30b-a3b step BATCHES=1 VARIANTS="qmv mlx-lm" ;;
+    gpt-oss) part gpt-oss 300 gpt-oss-20b step BATCHES=1 VARIANTS="qmv mlx-lm" ;;
+    32b) part 32b 420 qwen2.5-32b step BATCHES=1 VARIANTS="qmv lookahead mlx-lm" ;;
+    hybrid) part hybrid 300 qwen3.5-9b step BATCHES=1 VARIANTS="qmv mlx-lm" ;;
+    8b-batch) part 8b-batch 240 qwen3-8b step BATCHES=8 VARIANTS="qmv mlx-lm" ;;
+    8b-memory) part 8b-memory 300 qwen3-8b memory ;;
+    smoke) part smoke 120 tiny-moe step BATCHES=1 VARIANTS="qmv mlx-lm" ;;
+    *) echo "{\"part\": \"$p\", \"error\": \"unknown part (8b moe gpt-oss 32b hybrid 8b-batch 8b-memory smoke)\"}" ;;
+  esac
+done
+echo "{\"wave_seconds\": $((SECONDS - start))}"
