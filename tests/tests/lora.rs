@@ -31,16 +31,18 @@ use mlxhost::plugin::{PluginHost, PluginLimits, SamplingParams, VocabView};
 use mlxhost::score::ScoreOutput;
 use mlxhost_e2e::tiny_fixture::{assert_matches, read_scores};
 use mlxhost_e2e::{
-    assert_scores_close, mlxhost, mlxhost_ok, model_path, parse_score, plugin_folder_with,
+    assert_scores_close, mlxhost, mlxhost_ok, mlxhost_ok_env, model_path, parse_score,
+    plugin_folder_with,
 };
 
 /// Our float32 path against mlx-lm's float32 scores (the fixtures'
 /// reference, `benches/make_lora.py`): the same numerics, so far inside
 /// `semantics.md`'s 0.1 nats (measured 2.3e-5).
 const F32_TOL: f32 = 1e-3;
-/// The native path (float16 activations) against the same scores:
-/// `semantics.md`'s native tolerance (measured 0.018).
-const NATIVE_TOL: f32 = 0.05;
+/// The native path (float16 activations) against the same float32 scores:
+/// `semantics.md`'s tolerance for a float16/float32 pair (measured 0.018 on
+/// chosen tokens, 0.059 on a top-5 entry).
+const NATIVE_TOL: f32 = 0.1;
 /// How far an adapter must move mlx-lm's own scores for a test to tell it
 /// from the base.
 const MOVED: f32 = 0.5;
@@ -171,6 +173,23 @@ fn a_batch_of_mixed_adapters_scores_each_row_as_alone() {
     let alone = run(&[]);
     let together = run(&["--batch-size", "9", "--prefill-chunk", "7"]);
     assert_scores_close(&together, &alone, 1e-4);
+    // The fused CPU decode op (adapters' deltas inside it) against MLX ops.
+    let mut args = vec![
+        "score",
+        "--model",
+        &model,
+        "--input",
+        &input,
+        "--lora-dir",
+        &dir,
+        "--decode",
+        "--batch-size",
+        "9",
+    ];
+    args.push("--prefill-chunk");
+    args.push("7");
+    let per_op = parse_score(&mlxhost_ok_env(&args, &[("MLXHOST_DECODE_LAYER", "mlx")]));
+    assert_scores_close(&per_op, &together, 1e-4);
     // Each adapter's rows match mlx-lm's scores for that adapter.
     let pick =
         |k: usize| -> Vec<ScoreOutput> { together.iter().skip(k).step_by(3).cloned().collect() };

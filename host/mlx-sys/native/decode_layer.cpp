@@ -51,6 +51,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/c/error.h"
 #include "mlx/c/private/array.h"
+#include "mlx/ops.h"
 #include "mlx/primitives.h"
 
 #include "cpu_kernels.h"
@@ -288,10 +289,74 @@ void product(
   mlxhost_cpu::compute(p, sh.variant[l]);
 }
 
+// One row's LoRA delta: y [N] += (x [K] @ A [K, r]) @ B [r, N] (the scale
+// is in B). Plain loops the compiler vectorizes for each target below.
+#define MLXHOST_LORA_ROW_BODY                                   \
+  for (int j = 0; j < r; j++)                                   \
+    t[j] = 0.0f;                                                \
+  for (int k = 0; k < K; k++) {                                 \
+    const float xv = x[k];                                      \
+    const float* ak = a + size_t(k) * r;                        \
+    for (int j = 0; j < r; j++)                                 \
+      t[j] += xv * ak[j];                                       \
+  }                                                             \
+  for (int j = 0; j < r; j++) {                                 \
+    const float tv = t[j];                                      \
+    const float* bj = b + size_t(j) * N;                        \
+    for (int n = 0; n < N; n++)                                 \
+      y[n] += tv * bj[n];                                       \
+  }
+
+void lora_row_plain(const float* x, const float* a, const float* b, float* y, float* t, int K,
+                    int r, int N) {
+  MLXHOST_LORA_ROW_BODY
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) void lora_row_avx512(const float* x, const float* a,
+                                                        const float* b, float* y, float* t,
+                                                        int K, int r, int N) {
+  MLXHOST_LORA_ROW_BODY
+}
+#endif
+
+// Product `l`'s LoRA delta for every row with an adapter: A = in[first]
+// [G, K, r], B = in[first + 1] [G, r, N] (empty: no adapter adapts it);
+// row i runs stack entry rows[i] (-1: none).
+void lora_add(const std::vector<mx::array>& in, int first, const float* x, float* y, int R,
+              int N, int K, const std::vector<int>& rows) {
+  const auto& A = in[first];
+  const auto& B = in[first + 1];
+  if (A.size() == 0)
+    return;
+  const int r = A.shape(2);
+  std::vector<float> t(r);
+  for (int i = 0; i < R; i++) {
+    const int g = rows[i];
+    if (g < 0)
+      continue;
+    const float* a = A.data<float>() + size_t(g) * K * r;
+    const float* b = B.data<float>() + size_t(g) * r * N;
+#if defined(__x86_64__)
+    if (has_avx512()) {
+      lora_row_avx512(x + size_t(i) * K, a, b, y + size_t(i) * N, t.data(), K, r, N);
+      continue;
+    }
+#endif
+    lora_row_plain(x + size_t(i) * K, a, b, y + size_t(i) * N, t.data(), K, r, N);
+  }
+}
+
+// The LoRA inputs follow the 15 weights: A and B per product (qkv, o,
+// gate_up, down); the rows' caches follow them.
+constexpr int kLoraFirst = 16;
+constexpr int kCachesFirst = kLoraFirst + 8;
+
 void run(
     const std::vector<mx::array>& in,
     std::vector<mx::array>& out,
     const std::vector<int>& positions,
+    const std::vector<int>& lora_rows,
     const Shape& sh) {
   const int R = in[0].shape(0), E = in[0].shape(1);
   const int H = sh.heads, Hkv = sh.kv_heads, D = sh.head_dim;
@@ -308,6 +373,7 @@ void run(
   for (int r = 0; r < R; r++)
     rms_norm(h + size_t(r) * E, in[1].data<float>(), sh.eps, E, x.data() + size_t(r) * E);
   product(in, 3, x.data(), qkv.data(), R, sh, 0, qkv_n, E);
+  lora_add(in, kLoraFirst, x.data(), qkv.data(), R, qkv_n, E, lora_rows);
   const float* qkv_bias = in[15].data<float>();
   for (int r = 0; r < R; r++)
     for (int j = 0; j < qkv_n; j++)
@@ -375,21 +441,27 @@ void run(
   });
 
   product(in, 6, attn.data(), proj.data(), R, sh, 1, E, H * D);
+  lora_add(in, kLoraFirst + 2, attn.data(), proj.data(), R, E, H * D, lora_rows);
   for (size_t i = 0; i < size_t(R) * E; i++)
     h_out[i] = h[i] + proj[i];
   for (int r = 0; r < R; r++)
     rms_norm(h_out + size_t(r) * E, in[2].data<float>(), sh.eps, E, x.data() + size_t(r) * E);
   product(in, 9, x.data(), gu.data(), R, sh, 2, 2 * inter, E);
+  lora_add(in, kLoraFirst + 4, x.data(), gu.data(), R, 2 * inter, E, lora_rows);
   mlxhost_cpu::swiglu(gu.data(), R, inter, act.data());
   product(in, 12, act.data(), proj.data(), R, sh, 3, E, inter);
+  lora_add(in, kLoraFirst + 6, act.data(), proj.data(), R, E, inter, lora_rows);
   for (size_t i = 0; i < size_t(R) * E; i++)
     h_out[i] += proj[i];
 }
 
 class DecodeLayer : public mx::Primitive {
  public:
-  DecodeLayer(mx::Stream s, std::vector<int> positions, Shape shape)
-      : mx::Primitive(s), positions_(std::move(positions)), shape_(shape) {}
+  DecodeLayer(mx::Stream s, std::vector<int> positions, std::vector<int> lora_rows, Shape shape)
+      : mx::Primitive(s),
+        positions_(std::move(positions)),
+        lora_rows_(std::move(lora_rows)),
+        shape_(shape) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     for (const auto& a : inputs) {
@@ -398,15 +470,17 @@ class DecodeLayer : public mx::Primitive {
     }
     outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
     for (size_t i = 1; i < outputs.size(); i++)
-      outputs[i].copy_shared_buffer(inputs[i + 15]);
+      outputs[i].copy_shared_buffer(inputs[i + kCachesFirst - 1]);
     auto& enc = mx::cpu::get_command_encoder(stream());
     for (const auto& a : inputs)
       enc.set_input_array(a);
     for (auto& a : outputs)
       enc.set_output_array(a);
-    enc.dispatch([inputs, outputs, positions = positions_, shape = shape_]() mutable {
-      run(inputs, outputs, positions, shape);
-    });
+    enc.dispatch([inputs,
+                  outputs,
+                  positions = positions_,
+                  lora_rows = lora_rows_,
+                  shape = shape_]() mutable { run(inputs, outputs, positions, lora_rows, shape); });
   }
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
@@ -419,6 +493,7 @@ class DecodeLayer : public mx::Primitive {
 
  private:
   std::vector<int> positions_;
+  std::vector<int> lora_rows_;
   Shape shape_;
 };
 
@@ -436,8 +511,11 @@ void require(bool ok, const char* what) {
 // biases slots are unused placeholders) and `f16` says whether that layout
 // holds float16 scales. `intermediate`: the MLP width. `h_out` gets [R, E];
 // `new_keys[r]` / `new_values[r]` get row r's cache buffers after the
-// write. Returns 0, or 1 with the error reported through mlx-c's error
-// handler.
+// write. `lora`: 8 arrays, A [G, K, r] and B [G, r, N] float32 per product
+// (qkv, o, gate_up, down; empty where no adapter adapts it; the scale in
+// B), and `lora_rows[r]` the stack entry row r runs (-1: none); `lora`
+// null: no adapters. Returns 0, or 1 with the error reported through
+// mlx-c's error handler.
 extern "C" int mlxhost_decode_layer(
     mlx_array* h_out,
     mlx_array* new_keys,
@@ -451,6 +529,8 @@ extern "C" int mlxhost_decode_layer(
     const mlx_array* keys,
     const mlx_array* values,
     const int* positions,
+    const mlx_array* lora,
+    const int* lora_rows,
     int rows,
     int heads,
     int kv_heads,
@@ -512,6 +592,30 @@ extern "C" int mlxhost_decode_layer(
     require(inputs[15].dtype() == mx::float32 && inputs[15].ndim() == 1 &&
                 inputs[15].shape(0) == out_rows[0],
             "decode layer: the q/k/v bias must be [q + 2 kv] float32");
+    std::vector<int> lrows(rows, -1);
+    for (int l = 0; l < 4; l++) {
+      if (lora == nullptr) {
+        inputs.push_back(mx::zeros({0}, mx::float32));
+        inputs.push_back(mx::zeros({0}, mx::float32));
+        continue;
+      }
+      const auto& A = mlx_array_get_(lora[2 * l]);
+      const auto& B = mlx_array_get_(lora[2 * l + 1]);
+      if (A.size() > 0) {
+        require(A.ndim() == 3 && B.ndim() == 3 && A.dtype() == mx::float32 &&
+                    B.dtype() == mx::float32 && A.shape(0) == B.shape(0) &&
+                    A.shape(1) == in_widths[l] && A.shape(2) == B.shape(1) &&
+                    B.shape(2) == out_rows[l],
+                "decode layer: a LoRA stack does not fit its product");
+        for (int r = 0; r < rows; r++)
+          require(lora_rows[r] < A.shape(0), "decode layer: a row's LoRA entry is out of range");
+      }
+      inputs.push_back(A);
+      inputs.push_back(B);
+    }
+    if (lora != nullptr)
+      for (int r = 0; r < rows; r++)
+        lrows[r] = lora_rows[r];
     std::vector<mx::Shape> shapes = {ha.shape()};
     std::vector<mx::Dtype> dtypes = {mx::float32};
     std::vector<int> pos(positions, positions + rows);
@@ -530,7 +634,7 @@ extern "C" int mlxhost_decode_layer(
       dtypes.push_back(mx::float32);
     }
     auto stream = mx::default_stream(mx::Device::cpu);
-    auto prim = std::make_shared<DecodeLayer>(stream, std::move(pos), sh);
+    auto prim = std::make_shared<DecodeLayer>(stream, std::move(pos), std::move(lrows), sh);
     auto outs = mx::array::make_arrays(std::move(shapes), dtypes, prim, inputs);
     mlx_array_set_(*h_out, outs[0]);
     for (int r = 0; r < rows; r++) {

@@ -208,6 +208,8 @@ extern "C" {
         keys: *const mlx_array,
         values: *const mlx_array,
         positions: *const ::std::os::raw::c_int,
+        lora: *const mlx_array,
+        lora_rows: *const ::std::os::raw::c_int,
         rows: ::std::os::raw::c_int,
         heads: ::std::os::raw::c_int,
         kv_heads: ::std::os::raw::c_int,

@@ -158,6 +158,17 @@ pub struct LayerShape {
     pub rope_theta: f32,
 }
 
+/// The LoRA deltas of one layer's products for the fused op: per product
+/// (q/k/v, o, gate/up, down) `A [G, K, r]` and `B [G, r, N]` float32 (the
+/// scale in B), and per row the stack entry it runs (-1: none).
+#[derive(Debug, Clone, Default)]
+pub struct FusedLora {
+    /// Per product, the adapters' stacked A and B.
+    pub stacks: [Option<(Array, Array)>; 4],
+    /// Per row, its entry in the stacks, or -1.
+    pub rows: Vec<i32>,
+}
+
 /// One layer for `R` decode rows: `h [R, E]` float32 (the residual stream),
 /// `caches[r]`: row r's key and value buffers `[1, H_kv, capacity, D]`
 /// float32, owned by that row alone, with `positions[r] < capacity`.
@@ -172,6 +183,7 @@ pub fn decode_layer(
     caches: Vec<(Array, Array)>,
     positions: &[i32],
     kernel: cpu_quant::Kernel,
+    lora: Option<&FusedLora>,
 ) -> Result<(Array, Vec<(Array, Array)>)> {
     let rows = positions.len();
     if caches.len() != rows || h.shape().first() != Some(&(rows as i32)) {
@@ -185,6 +197,31 @@ pub fn decode_layer(
     let weights: Vec<mlx_sys::mlx_array> = layer.tensors.iter().map(|a| a.as_ptr()).collect();
     let keys: Vec<mlx_sys::mlx_array> = caches.iter().map(|(k, _)| k.as_ptr()).collect();
     let values: Vec<mlx_sys::mlx_array> = caches.iter().map(|(_, v)| v.as_ptr()).collect();
+    let empty = Array::zeros::<f32>(&[0])?;
+    let lora_arrays: Vec<mlx_sys::mlx_array> = match lora {
+        Some(l) => l
+            .stacks
+            .iter()
+            .flat_map(|s| match s {
+                Some((a, b)) => [a.as_ptr(), b.as_ptr()],
+                None => [empty.as_ptr(), empty.as_ptr()],
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    if let Some(l) = lora {
+        if l.rows.len() != rows {
+            return Err(Exception::custom(format!(
+                "decode layer: {} LoRA rows for {rows} rows",
+                l.rows.len()
+            ))
+            .into());
+        }
+    }
+    let (lora_ptr, lora_rows_ptr) = match lora {
+        Some(l) => (lora_arrays.as_ptr(), l.rows.as_ptr()),
+        None => (std::ptr::null(), std::ptr::null()),
+    };
     let (status, out, new_k, new_v) = call_row_cache_op(rows, |out, new_k, new_v| {
         // SAFETY: the output handles come from `call_row_cache_op`; the
         // inputs are borrowed for the call's duration.
@@ -202,6 +239,8 @@ pub fn decode_layer(
                 keys.as_ptr(),
                 values.as_ptr(),
                 positions.as_ptr(),
+                lora_ptr,
+                lora_rows_ptr,
                 rows as i32,
                 shape.heads,
                 shape.kv_heads,

@@ -254,10 +254,10 @@ impl Llama {
         device_ids: Option<&Array>,
     ) -> Result<Vec<Array>> {
         let vocab = self.config.vocab_size;
-        // Rows with an adapter decode through MLX ops: the fused layer op
-        // has no LoRA delta.
+        // Rows with an adapter too: the op adds their deltas after each
+        // product.
         if let Some(fused) = &self.fused_decode {
-            if !rows.is_empty() && rows.iter().all(|r| r.tokens.len() == 1 && r.lora.is_none()) {
+            if !rows.is_empty() && rows.iter().all(|r| r.tokens.len() == 1) {
                 return self.forward_fused_decode(fused, rows, device_ids);
             }
         }
@@ -476,15 +476,25 @@ impl Llama {
             Some(d) => d.clone(),
             None => Array::from_slice(&ids, &[ids.len() as i32]),
         };
+        let adapters: Vec<Option<&LoraAdapter>> = rows.iter().map(|r| r.lora).collect();
+        let lora = StepLora::new(&adapters, &vec![1; rows.len()]);
         let mut h = self.embed.lookup(&ids, self.dtype)?;
         for (l, layer) in fused.iter().enumerate() {
+            let lora = lora.as_ref().map(|s| s.fused(l, rows.len())).transpose()?;
             let mut caches = Vec::with_capacity(rows.len());
             for row in rows.iter_mut() {
                 let pos = row.cache.offset();
                 caches.push(row.cache.take_layer(l, pos + 1, &like)?);
             }
-            let (out, updated) =
-                decode_layer(&h, layer, shape, caches, &positions, self.layer_kernel)?;
+            let (out, updated) = decode_layer(
+                &h,
+                layer,
+                shape,
+                caches,
+                &positions,
+                self.layer_kernel,
+                lora.as_ref(),
+            )?;
             for (row, (kb, vb)) in rows.iter_mut().zip(updated) {
                 row.cache.put_layer(l, kb, vb);
             }

@@ -421,9 +421,15 @@ fn join_slot(
         b_rows.push(ops::concatenate(&row, 1)?);
         a_cols.push(p.a.as_dtype(Dtype::Float32)?);
     }
+    // Contiguous: the fused CPU decode op reads them as stored (PEFT's
+    // transposed views would otherwise pass through a one-part slot).
     Ok(LoraPair {
-        a: ops::concatenate(&a_cols, 1)?.as_dtype(dtype)?,
-        b: ops::concatenate(&b_rows, 0)?.as_dtype(dtype)?,
+        a: ops::concatenate(&a_cols, 1)?
+            .as_dtype(dtype)?
+            .contiguous()?,
+        b: ops::concatenate(&b_rows, 0)?
+            .as_dtype(dtype)?
+            .contiguous()?,
     })
 }
 
@@ -449,6 +455,8 @@ enum Plan<'a> {
     Mixed {
         adapters: Vec<&'a LoraAdapter>,
         slots: Array,
+        /// `slots` on the host.
+        slot_list: Vec<u32>,
         key: Vec<u64>,
     },
 }
@@ -510,6 +518,7 @@ impl<'a> StepLora<'a> {
             plan: Plan::Mixed {
                 adapters: set,
                 slots: Array::from_slice(&slots, &[slots.len() as i32]),
+                slot_list: slots,
                 key,
             },
         })
@@ -541,6 +550,7 @@ impl<'a> StepLora<'a> {
                 adapters,
                 slots,
                 key,
+                ..
             } => {
                 let stacks = stacks_for(key, adapters)?;
                 let Some((sa, sb)) = stacks.get(&(layer, slot)) else {
@@ -554,6 +564,52 @@ impl<'a> StepLora<'a> {
                 Ok(Some(cast(&d.reshape(&[n, out])?, x.dtype())?))
             }
         }
+    }
+}
+
+impl StepLora<'_> {
+    /// Layer `layer`'s deltas for the fused CPU decode op
+    /// ([`crate::model::decode_layer`]), for a step whose every row feeds
+    /// one token (`rows` of them): one adapter as a stack of one, a mix as
+    /// the step's stacks (base rows skipped). Float32, as that op
+    /// computes.
+    pub fn fused(
+        &self,
+        layer: usize,
+        rows: usize,
+    ) -> Result<crate::model::decode_layer::FusedLora, LoraError> {
+        let mut out = crate::model::decode_layer::FusedLora::default();
+        let slots = [Slot::Qkv, Slot::O, Slot::GateUp, Slot::Down];
+        match &self.plan {
+            Plan::Uniform(a) => {
+                for (i, slot) in slots.into_iter().enumerate() {
+                    if let Some(p) = a.pair(layer, slot) {
+                        let (sa, sb) = (p.a.shape(), p.b.shape());
+                        out.stacks[i] = Some((
+                            cast(&p.a, Dtype::Float32)?.reshape(&[1, sa[0], sa[1]])?,
+                            cast(&p.b, Dtype::Float32)?.reshape(&[1, sb[0], sb[1]])?,
+                        ));
+                    }
+                }
+                out.rows = vec![0; rows];
+            }
+            Plan::Mixed {
+                adapters,
+                slot_list,
+                key,
+                ..
+            } => {
+                let stacks = stacks_for(key, adapters)?;
+                for (i, slot) in slots.into_iter().enumerate() {
+                    out.stacks[i] = stacks.get(&(layer, slot)).cloned();
+                }
+                out.rows = slot_list
+                    .iter()
+                    .map(|&s| if s == 0 { -1 } else { s as i32 })
+                    .collect();
+            }
+        }
+        Ok(out)
     }
 }
 
