@@ -15,6 +15,10 @@
 //! without speculation (the chain's `accept` runs between positions), so
 //! greedy and seeded output are unchanged up to the numerics of a
 //! multi-token forward, and stateful plugins see the same histories.
+//! Drawing from the target and keeping a draft only when the draw equals it
+//! is speculative sampling's acceptance rule for a drafter that proposes
+//! tokens (a point-mass draft distribution): the sampled distribution is
+//! exactly the target's (`docs/speculative.md`).
 //!
 //! Scheduling ([`RowSpec`], [`SpecGate`]): the gate measures, per batch
 //! size, what a plain decode step costs and what each verified draft token
