@@ -22,7 +22,7 @@ cargo build --workspace -q
 # The guest crates' own unit tests, natively (stable cargo ignores the guest workspace's
 # build-std settings once a host target is given).
 HOST_TARGET=$(rustc -vV | sed -n 's/^host: //p')
-for crate in plugins/tool-parsers plugins/openai plugins/anthropic plugins/responses plugins/grammar; do
+for crate in plugins/tool-parsers plugins/openai plugins/anthropic plugins/responses plugins/grammar plugins/prompt-lookup; do
   (cd "$crate" && cargo test -q --target "$HOST_TARGET")
 done
 (cd plugins/sdk && cargo test -q --target "$HOST_TARGET" --features json)

@@ -80,3 +80,60 @@ pub fn speculative(obj: &Map<String, Value>) -> Result<Option<SpeculativeOptions
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: &str) -> Result<Option<SpeculativeOptions>, String> {
+        let v: Value = serde_json::from_str(body).map_err(|e| e.to_string())?;
+        let obj = v.as_object().ok_or("not an object")?;
+        speculative(obj).map_err(|e| e.param.unwrap_or_default())
+    }
+
+    fn opts(drafter: Option<&str>, max_draft: Option<u32>) -> Option<SpeculativeOptions> {
+        Some(SpeculativeOptions {
+            drafter: drafter.map(str::to_string),
+            max_draft,
+        })
+    }
+
+    #[test]
+    fn reads_each_spelling_and_names_the_bad_field() {
+        assert_eq!(parse("{}"), Ok(None));
+        assert_eq!(parse(r#"{"speculative": null}"#), Ok(None));
+        assert_eq!(
+            parse(r#"{"speculative": false}"#),
+            Ok(opts(Some("none"), None))
+        );
+        assert_eq!(parse(r#"{"speculative": true}"#), Ok(opts(None, None)));
+        assert_eq!(
+            parse(r#"{"speculative": {"drafter": "prompt-lookup", "n_max": 6}}"#),
+            Ok(opts(Some("prompt-lookup"), Some(6)))
+        );
+        assert_eq!(
+            parse(r#"{"speculative": {"num_speculative_tokens": 3}}"#),
+            Ok(opts(None, Some(3)))
+        );
+        assert_eq!(
+            parse(r#"{"speculative.n_max": 0}"#),
+            Ok(opts(None, Some(0)))
+        );
+        assert_eq!(
+            parse(r#"{"speculative": {"n_max": 65}}"#),
+            Err("speculative.n_max".into())
+        );
+        assert_eq!(
+            parse(r#"{"speculative": {"k": 3}}"#),
+            Err("speculative.k".into())
+        );
+        assert_eq!(
+            parse(r#"{"speculative": {"drafter": 3}}"#),
+            Err("speculative.drafter".into())
+        );
+        assert_eq!(
+            parse(r#"{"speculative": "yes"}"#),
+            Err("speculative".into())
+        );
+    }
+}
