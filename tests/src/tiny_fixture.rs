@@ -70,6 +70,43 @@ pub fn assert_matches(label: &str, ours: &[ScoreOutput], theirs: &[ScoreOutput],
     worst
 }
 
+/// The compute paths each architecture's parity test scores: float32,
+/// `auto`, `native`, token-by-token decode on float32 and `auto`, and
+/// 7-token prefill chunks (which start inside and past a sliding window,
+/// and inside a DeltaNet block).
+pub const EVERY_PATH: [&[&str]; 6] = [
+    &["--dtype", "float32"],
+    &["--dtype", "auto"],
+    &["--dtype", "native"],
+    &["--dtype", "float32", "--decode"],
+    &["--dtype", "auto", "--decode"],
+    &["--dtype", "auto", "--prefill-chunk", "7"],
+];
+
+/// A fixture directory's own rows (`<dir>/rows.jsonl`; edited copies carry
+/// them).
+pub fn own_rows(dir: &str) -> String {
+    format!("{dir}/rows.jsonl")
+}
+
+/// Asserts each fixture of `names`, scoring `rows(its dir)` on each of
+/// `paths`, is within `tol` nats of mlx-lm's reference ([`assert_matches`]).
+pub fn assert_matches_mlx_lm(
+    names: &[&str],
+    rows: impl Fn(&str) -> String,
+    paths: &[&[&str]],
+    tol: f32,
+) {
+    for name in names {
+        let dir = fixture(name);
+        let theirs = reference(name);
+        for extra in paths {
+            let label = format!("{name} {extra:?}");
+            assert_matches(&label, &score(&dir, &rows(&dir), extra), &theirs, tol);
+        }
+    }
+}
+
 /// Asserts `model`'s rows scored together, `batch_size` at a time (one
 /// forward per step: a row's prompt chunks of 7 beside other rows' decode
 /// tokens, and separately the prompts prefilled together), equal each row

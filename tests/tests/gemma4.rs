@@ -12,7 +12,8 @@ use std::collections::HashMap;
 
 use mlx_rs::{ops::indexing::IndexOp, Array};
 use mlxhost_e2e::tiny_fixture::{
-    self, assert_batched_equals_alone, assert_matches, edited_copy, fixture, load_error, reference,
+    self, assert_batched_equals_alone, assert_matches, assert_matches_mlx_lm, edited_copy, fixture,
+    load_error, reference, EVERY_PATH,
 };
 
 /// Both sides compute in float32 on the same weights (the 4-bit
@@ -34,22 +35,8 @@ fn score(model: &str, extra: &[&str]) -> Vec<mlxhost::score::ScoreOutput> {
 
 #[test]
 fn gemma4_scores_match_mlx_lm() {
-    for name in ["gemma4-tiny", "gemma4-tiny-4bit"] {
-        let dir = fixture(name);
-        let theirs = reference(name);
-        for extra in [
-            &["--dtype", "float32"][..],
-            &["--dtype", "auto"],
-            &["--dtype", "native"],
-            &["--dtype", "float32", "--decode"],
-            &["--dtype", "auto", "--decode"],
-            // Prefill chunks that start inside the window and past it.
-            &["--dtype", "auto", "--prefill-chunk", "7"],
-        ] {
-            let label = format!("{name} {extra:?}");
-            assert_matches(&label, &score(&dir, extra), &theirs, TOL);
-        }
-    }
+    let names = ["gemma4-tiny", "gemma4-tiny-4bit"];
+    assert_matches_mlx_lm(&names, |_| ROWS.to_string(), &EVERY_PATH, TOL);
 }
 
 /// Rows scored together (one forward per step: a row's prompt chunks beside

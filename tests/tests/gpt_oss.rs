@@ -10,7 +10,8 @@
 
 use mlx_rs::{ops, Array};
 use mlxhost_e2e::tiny_fixture::{
-    self, assert_batched_equals_alone, assert_matches, edited_copy, fixture, load_error, reference,
+    self, assert_batched_equals_alone, assert_matches_mlx_lm, edited_copy, fixture, load_error,
+    reference, EVERY_PATH,
 };
 
 /// Both sides compute in float32 on the same weights (the mxfp4 fixture's
@@ -32,22 +33,8 @@ fn score(model: &str, extra: &[&str]) -> Vec<mlxhost::score::ScoreOutput> {
 
 #[test]
 fn gpt_oss_scores_match_mlx_lm() {
-    for name in ["gpt-oss-tiny", "gpt-oss-tiny-mxfp4"] {
-        let dir = fixture(name);
-        let theirs = reference(name);
-        for extra in [
-            &["--dtype", "float32"][..],
-            &["--dtype", "auto"],
-            &["--dtype", "native"],
-            &["--dtype", "float32", "--decode"],
-            &["--dtype", "auto", "--decode"],
-            // Prefill chunks that start inside the window and past it.
-            &["--dtype", "auto", "--prefill-chunk", "7"],
-        ] {
-            let label = format!("{name} {extra:?}");
-            assert_matches(&label, &score(&dir, extra), &theirs, TOL);
-        }
-    }
+    let names = ["gpt-oss-tiny", "gpt-oss-tiny-mxfp4"];
+    assert_matches_mlx_lm(&names, |_| ROWS.to_string(), &EVERY_PATH, TOL);
 }
 
 /// Rows scored together (one forward per step: a row's prompt chunks beside

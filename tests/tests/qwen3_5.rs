@@ -10,7 +10,8 @@
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlxhost_e2e::tiny_fixture::{
-    self, assert_batched_equals_alone_within, assert_matches, edited_copy, fixture, reference,
+    self, assert_batched_equals_alone_within, assert_matches_mlx_lm, edited_copy, fixture,
+    own_rows, EVERY_PATH,
 };
 
 /// Both sides compute in float32 on the same weights (the 4-bit fixture's
@@ -19,36 +20,14 @@ use mlxhost_e2e::tiny_fixture::{
 /// gate or decay pass.
 const TOL: f32 = 1e-3;
 
-/// A model directory scores its own rows.jsonl (edited copies carry it).
-fn rows(dir: &str) -> String {
-    format!("{dir}/rows.jsonl")
-}
-
-fn score(dir: &str, extra: &[&str]) -> Vec<mlxhost::score::ScoreOutput> {
-    tiny_fixture::score(dir, &rows(dir), extra)
-}
-
 /// Teacher-forced top-5 against mlx-lm with the prompt prefilled in one
 /// pass (the chunked rule over 64-token blocks), in 7-token chunks (the
 /// state carried between forwards) and token by token (the recurrent
 /// form), on every compute path.
 #[test]
 fn qwen3_5_scores_match_mlx_lm() {
-    for name in ["qwen3.5-tiny", "qwen3.5-tiny-4bit"] {
-        let dir = fixture(name);
-        let theirs = reference(name);
-        for extra in [
-            &["--dtype", "float32"][..],
-            &["--dtype", "auto"],
-            &["--dtype", "native"],
-            &["--dtype", "float32", "--decode"],
-            &["--dtype", "auto", "--decode"],
-            &["--dtype", "auto", "--prefill-chunk", "7"],
-        ] {
-            let label = format!("{name} {extra:?}");
-            assert_matches(&label, &score(&dir, extra), &theirs, TOL);
-        }
-    }
+    let names = ["qwen3.5-tiny", "qwen3.5-tiny-4bit"];
+    assert_matches_mlx_lm(&names, own_rows, &EVERY_PATH, TOL);
 }
 
 /// Rows scored together (one forward per step: a row's prompt chunks
@@ -65,7 +44,7 @@ fn batched_rows_equal_rows_alone() {
     for (name, tol) in [("qwen3.5-tiny", 1e-4), ("qwen3.5-tiny-4bit", 5e-4)] {
         let dir = fixture(name);
         for batch in ["2", "4"] {
-            assert_batched_equals_alone_within(&dir, &rows(&dir), batch, tol);
+            assert_batched_equals_alone_within(&dir, &own_rows(&dir), batch, tol);
         }
     }
 }
@@ -73,7 +52,7 @@ fn batched_rows_equal_rows_alone() {
 /// The load error of an edited copy, scoring the rows it carries.
 fn load_error(dir: &tempfile::TempDir) -> String {
     let path = dir.path().to_str().expect("utf-8 path");
-    tiny_fixture::load_error(dir.path(), &rows(path))
+    tiny_fixture::load_error(dir.path(), &own_rows(path))
 }
 
 #[test]

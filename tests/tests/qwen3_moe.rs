@@ -7,7 +7,8 @@
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlxhost_e2e::tiny_fixture::{
-    self, assert_batched_equals_alone, assert_matches, edited_copy, fixture, reference,
+    self, assert_batched_equals_alone, assert_matches_mlx_lm, edited_copy, fixture, own_rows,
+    EVERY_PATH,
 };
 
 /// semantics.md's bound for the native path (the float32 path's is 0.1).
@@ -19,33 +20,11 @@ const TOL: f32 = 0.05;
 /// logprob by less than [`TOL`], so the test holds this tighter bound.
 const FLOAT32_TOL: f32 = 1e-3;
 
-/// A model directory scores its own rows.jsonl (edited copies carry it).
-fn rows(dir: &str) -> String {
-    format!("{dir}/rows.jsonl")
-}
-
-fn score(dir: &str, extra: &[&str]) -> Vec<mlxhost::score::ScoreOutput> {
-    tiny_fixture::score(dir, &rows(dir), extra)
-}
-
 #[test]
 fn qwen3_moe_scores_match_mlx_lm() {
-    for name in ["qwen3-moe-tiny", "qwen3-moe-tiny-4bit"] {
-        let dir = fixture(name);
-        let theirs = reference(name);
-        for extra in [
-            &["--dtype", "float32"][..],
-            &["--dtype", "auto"],
-            &["--dtype", "native"],
-            &["--dtype", "float32", "--decode"],
-            &["--dtype", "auto", "--decode"],
-        ] {
-            let label = format!("{name} {extra:?}");
-            // The chosen token within both bounds, the top-5 within the
-            // float32 one.
-            assert_matches(&label, &score(&dir, extra), &theirs, TOL.min(FLOAT32_TOL));
-        }
-    }
+    let names = ["qwen3-moe-tiny", "qwen3-moe-tiny-4bit"];
+    // The chosen token within both bounds, the top-5 within the float32 one.
+    assert_matches_mlx_lm(&names, own_rows, &EVERY_PATH[..5], TOL.min(FLOAT32_TOL));
 }
 
 /// Rows scored together (one forward per step: a row's prompt chunks beside
@@ -55,14 +34,14 @@ fn qwen3_moe_scores_match_mlx_lm() {
 fn batched_rows_equal_rows_alone() {
     for name in ["qwen3-moe-tiny", "qwen3-moe-tiny-4bit"] {
         let dir = fixture(name);
-        assert_batched_equals_alone(&dir, &rows(&dir), "3");
+        assert_batched_equals_alone(&dir, &own_rows(&dir), "3");
     }
 }
 
 /// The load error of an edited copy, scoring the rows it carries.
 fn load_error(dir: &tempfile::TempDir) -> String {
     let path = dir.path().to_str().expect("utf-8 path");
-    tiny_fixture::load_error(dir.path(), &rows(path))
+    tiny_fixture::load_error(dir.path(), &own_rows(path))
 }
 
 #[test]

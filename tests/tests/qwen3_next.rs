@@ -13,38 +13,18 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlxhost::cache::{PrefixCache, PromptCache};
 use mlxhost_e2e::sliding_cache;
 use mlxhost_e2e::tiny_fixture::{
-    self, assert_batched_equals_alone_within, assert_matches, edited_copy, fixture, reference,
+    self, assert_batched_equals_alone_within, assert_matches_mlx_lm, edited_copy, fixture,
+    own_rows, EVERY_PATH,
 };
 
 /// Every path computes in float32 on both sides (measured within 1e-4
 /// nats); a token sent to another expert would move a logprob by more.
 const TOL: f32 = 1e-3;
 
-fn rows(dir: &str) -> String {
-    format!("{dir}/rows.jsonl")
-}
-
-fn score(dir: &str, extra: &[&str]) -> Vec<mlxhost::score::ScoreOutput> {
-    tiny_fixture::score(dir, &rows(dir), extra)
-}
-
 #[test]
 fn qwen3_next_scores_match_mlx_lm() {
-    for name in ["qwen3-next-tiny", "qwen3-next-tiny-4bit"] {
-        let dir = fixture(name);
-        let theirs = reference(name);
-        for extra in [
-            &["--dtype", "float32"][..],
-            &["--dtype", "auto"],
-            &["--dtype", "native"],
-            &["--dtype", "float32", "--decode"],
-            &["--dtype", "auto", "--decode"],
-            &["--dtype", "auto", "--prefill-chunk", "7"],
-        ] {
-            let label = format!("{name} {extra:?}");
-            assert_matches(&label, &score(&dir, extra), &theirs, TOL);
-        }
-    }
+    let names = ["qwen3-next-tiny", "qwen3-next-tiny-4bit"];
+    assert_matches_mlx_lm(&names, own_rows, &EVERY_PATH, TOL);
 }
 
 /// Rows scored together (the decoding rows' states one stack, their
@@ -55,13 +35,13 @@ fn qwen3_next_scores_match_mlx_lm() {
 fn batched_rows_equal_rows_alone() {
     for (name, tol) in [("qwen3-next-tiny", 1e-4), ("qwen3-next-tiny-4bit", 5e-4)] {
         let dir = fixture(name);
-        assert_batched_equals_alone_within(&dir, &rows(&dir), "4", tol);
+        assert_batched_equals_alone_within(&dir, &own_rows(&dir), "4", tol);
     }
 }
 
 fn load_error(dir: &tempfile::TempDir) -> String {
     let path = dir.path().to_str().expect("utf-8 path");
-    tiny_fixture::load_error(dir.path(), &rows(path))
+    tiny_fixture::load_error(dir.path(), &own_rows(path))
 }
 
 #[test]

@@ -30,12 +30,17 @@ use mlxhost_e2e::{installed_model, mlxhost_ok, model_path, plugin_folder_with, p
 /// and a multi-token forward.
 const TIE: f32 = 1e-3;
 
+/// One emitted token: (id, raw logprob, top-2 margin, top alternatives).
+type Emitted = (u32, f32, f32, Vec<(u32, f32)>);
+
+/// How a request ended: (finish reason, tokens, matched stop) or the error.
+type Outcome = Result<(FinishReason, usize, Option<String>), String>;
+
 #[derive(Debug, Default, Clone)]
 struct Record {
-    /// (id, raw logprob, top-2 margin, top alternatives).
-    tokens: Vec<(u32, f32, f32, Vec<(u32, f32)>)>,
+    tokens: Vec<Emitted>,
     text: String,
-    result: Option<Result<(FinishReason, usize, Option<String>), String>>,
+    result: Option<Outcome>,
 }
 
 struct Sink(Rc<RefCell<Record>>);

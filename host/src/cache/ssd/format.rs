@@ -434,7 +434,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("h.kv");
         let mut f = File::create(&path).unwrap();
-        let bytes = vec![0u8; 16];
+        let bytes = [0u8; 16];
         let tensors = vec![TensorSource {
             name: "layers.0.ssm@3".into(),
             dtype: "float32".into(),
