@@ -74,6 +74,8 @@ struct Shape {
   // its scales and biases inputs are then unused placeholders), and that
   // layout's scales are float16.
   bool packed[4], f16[4];
+  // Per product: LoRA stacks follow the weights (else placeholders).
+  bool lora[4];
 };
 
 void rms_norm(const float* x, const float* w, float eps, int n, float* out) {
@@ -321,15 +323,16 @@ __attribute__((target("avx512f"))) void lora_row_avx512(const float* x, const fl
 #endif
 
 // Product `l`'s LoRA delta for every row with an adapter: A = in[first]
-// [G, K, r], B = in[first + 1] [G, r, N] (empty: no adapter adapts it);
-// row i runs stack entry rows[i] (-1: none).
-void lora_add(const std::vector<mx::array>& in, int first, const float* x, float* y, int R,
-              int N, int K, const std::vector<int>& rows) {
+// [G, K, r] (or [K, r], G = 1), B = in[first + 1] [G, r, N] (or [r, N]);
+// row i runs stack entry rows[i] (-1: none). `present`: false when no
+// adapter adapts the product (the inputs are placeholders).
+void lora_add(const std::vector<mx::array>& in, int first, bool present, const float* x,
+              float* y, int R, int N, int K, const std::vector<int>& rows) {
+  if (!present)
+    return;
   const auto& A = in[first];
   const auto& B = in[first + 1];
-  if (A.size() == 0)
-    return;
-  const int r = A.shape(2);
+  const int r = A.shape(A.ndim() - 1);
   std::vector<float> t(r);
   for (int i = 0; i < R; i++) {
     const int g = rows[i];
@@ -373,7 +376,7 @@ void run(
   for (int r = 0; r < R; r++)
     rms_norm(h + size_t(r) * E, in[1].data<float>(), sh.eps, E, x.data() + size_t(r) * E);
   product(in, 3, x.data(), qkv.data(), R, sh, 0, qkv_n, E);
-  lora_add(in, kLoraFirst, x.data(), qkv.data(), R, qkv_n, E, lora_rows);
+  lora_add(in, kLoraFirst, sh.lora[0], x.data(), qkv.data(), R, qkv_n, E, lora_rows);
   const float* qkv_bias = in[15].data<float>();
   for (int r = 0; r < R; r++)
     for (int j = 0; j < qkv_n; j++)
@@ -441,16 +444,16 @@ void run(
   });
 
   product(in, 6, attn.data(), proj.data(), R, sh, 1, E, H * D);
-  lora_add(in, kLoraFirst + 2, attn.data(), proj.data(), R, E, H * D, lora_rows);
+  lora_add(in, kLoraFirst + 2, sh.lora[1], attn.data(), proj.data(), R, E, H * D, lora_rows);
   for (size_t i = 0; i < size_t(R) * E; i++)
     h_out[i] = h[i] + proj[i];
   for (int r = 0; r < R; r++)
     rms_norm(h_out + size_t(r) * E, in[2].data<float>(), sh.eps, E, x.data() + size_t(r) * E);
   product(in, 9, x.data(), gu.data(), R, sh, 2, 2 * inter, E);
-  lora_add(in, kLoraFirst + 4, x.data(), gu.data(), R, 2 * inter, E, lora_rows);
+  lora_add(in, kLoraFirst + 4, sh.lora[2], x.data(), gu.data(), R, 2 * inter, E, lora_rows);
   mlxhost_cpu::swiglu(gu.data(), R, inter, act.data());
   product(in, 12, act.data(), proj.data(), R, sh, 3, E, inter);
-  lora_add(in, kLoraFirst + 6, act.data(), proj.data(), R, E, inter, lora_rows);
+  lora_add(in, kLoraFirst + 6, sh.lora[3], act.data(), proj.data(), R, E, inter, lora_rows);
   for (size_t i = 0; i < size_t(R) * E; i++)
     h_out[i] += proj[i];
 }
@@ -511,10 +514,11 @@ void require(bool ok, const char* what) {
 // biases slots are unused placeholders) and `f16` says whether that layout
 // holds float16 scales. `intermediate`: the MLP width. `h_out` gets [R, E];
 // `new_keys[r]` / `new_values[r]` get row r's cache buffers after the
-// write. `lora`: 8 arrays, A [G, K, r] and B [G, r, N] float32 per product
-// (qkv, o, gate_up, down; empty where no adapter adapts it; the scale in
-// B), and `lora_rows[r]` the stack entry row r runs (-1: none); `lora`
-// null: no adapters. Returns 0, or 1 with the error reported through
+// write. `lora`: 8 arrays, A [G, K, r] and B [G, r, N] (or [K, r] and
+// [r, N] for G = 1) float32 per product (qkv, o, gate_up, down; the scale
+// in B), `lora_present[l]` whether product l's pair is given (its slots
+// are ignored otherwise), and `lora_rows[r]` the stack entry row r runs
+// (-1: none); `lora` null: no adapters. Returns 0, or 1 with the error reported through
 // mlx-c's error handler.
 extern "C" int mlxhost_decode_layer(
     mlx_array* h_out,
@@ -530,6 +534,7 @@ extern "C" int mlxhost_decode_layer(
     const mlx_array* values,
     const int* positions,
     const mlx_array* lora,
+    const int* lora_present,
     const int* lora_rows,
     int rows,
     int heads,
@@ -547,7 +552,7 @@ extern "C" int mlxhost_decode_layer(
                 intermediate > 0,
             "decode layer: heads must be a multiple of kv_heads, head_dim even");
     const int E = ha.shape(1);
-    Shape sh{heads, kv_heads, head_dim, intermediate, eps, rope_theta, {}, {}, {}, {}, {}};
+    Shape sh{heads, kv_heads, head_dim, intermediate, eps, rope_theta, {}, {}, {}, {}, {}, {}};
     for (int l = 0; l < 4; l++)
       sh.variant[l] = variant;
     std::vector<mx::array> inputs = {ha};
@@ -594,22 +599,24 @@ extern "C" int mlxhost_decode_layer(
             "decode layer: the q/k/v bias must be [q + 2 kv] float32");
     std::vector<int> lrows(rows, -1);
     for (int l = 0; l < 4; l++) {
-      if (lora == nullptr) {
-        inputs.push_back(mx::zeros({0}, mx::float32));
-        inputs.push_back(mx::zeros({0}, mx::float32));
+      sh.lora[l] = lora != nullptr && lora_present[l] != 0;
+      if (!sh.lora[l]) {
+        // Placeholders (already an input: no op to evaluate).
+        inputs.push_back(ha);
+        inputs.push_back(ha);
         continue;
       }
       const auto& A = mlx_array_get_(lora[2 * l]);
       const auto& B = mlx_array_get_(lora[2 * l + 1]);
-      if (A.size() > 0) {
-        require(A.ndim() == 3 && B.ndim() == 3 && A.dtype() == mx::float32 &&
-                    B.dtype() == mx::float32 && A.shape(0) == B.shape(0) &&
-                    A.shape(1) == in_widths[l] && A.shape(2) == B.shape(1) &&
-                    B.shape(2) == out_rows[l],
-                "decode layer: a LoRA stack does not fit its product");
-        for (int r = 0; r < rows; r++)
-          require(lora_rows[r] < A.shape(0), "decode layer: a row's LoRA entry is out of range");
-      }
+      const int d = A.ndim();
+      const int G = d == 3 ? A.shape(0) : 1;
+      require((d == 2 || d == 3) && B.ndim() == d && A.dtype() == mx::float32 &&
+                  B.dtype() == mx::float32 && (d == 2 || A.shape(0) == B.shape(0)) &&
+                  A.shape(d - 2) == in_widths[l] && A.shape(d - 1) == B.shape(d - 2) &&
+                  B.shape(d - 1) == out_rows[l],
+              "decode layer: a LoRA stack does not fit its product");
+      for (int r = 0; r < rows; r++)
+        require(lora_rows[r] < G, "decode layer: a row's LoRA entry is out of range");
       inputs.push_back(A);
       inputs.push_back(B);
     }

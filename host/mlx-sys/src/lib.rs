@@ -209,6 +209,7 @@ extern "C" {
         values: *const mlx_array,
         positions: *const ::std::os::raw::c_int,
         lora: *const mlx_array,
+        lora_present: *const ::std::os::raw::c_int,
         lora_rows: *const ::std::os::raw::c_int,
         rows: ::std::os::raw::c_int,
         heads: ::std::os::raw::c_int,

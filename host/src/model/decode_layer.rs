@@ -159,8 +159,9 @@ pub struct LayerShape {
 }
 
 /// The LoRA deltas of one layer's products for the fused op: per product
-/// (q/k/v, o, gate/up, down) `A [G, K, r]` and `B [G, r, N]` float32 (the
-/// scale in B), and per row the stack entry it runs (-1: none).
+/// (q/k/v, o, gate/up, down) `A [G, K, r]` and `B [G, r, N]` float32, or
+/// `[K, r]` and `[r, N]` for one adapter (the scale in B), and per row the
+/// stack entry it runs (-1: none).
 #[derive(Debug, Clone, Default)]
 pub struct FusedLora {
     /// Per product, the adapters' stacked A and B.
@@ -197,17 +198,21 @@ pub fn decode_layer(
     let weights: Vec<mlx_sys::mlx_array> = layer.tensors.iter().map(|a| a.as_ptr()).collect();
     let keys: Vec<mlx_sys::mlx_array> = caches.iter().map(|(k, _)| k.as_ptr()).collect();
     let values: Vec<mlx_sys::mlx_array> = caches.iter().map(|(_, v)| v.as_ptr()).collect();
-    let empty = Array::zeros::<f32>(&[0])?;
+    // Absent products' slots hold `h` (ignored by the op).
     let lora_arrays: Vec<mlx_sys::mlx_array> = match lora {
         Some(l) => l
             .stacks
             .iter()
             .flat_map(|s| match s {
                 Some((a, b)) => [a.as_ptr(), b.as_ptr()],
-                None => [empty.as_ptr(), empty.as_ptr()],
+                None => [h.as_ptr(), h.as_ptr()],
             })
             .collect(),
         None => Vec::new(),
+    };
+    let present: Vec<i32> = match lora {
+        Some(l) => l.stacks.iter().map(|s| i32::from(s.is_some())).collect(),
+        None => vec![0; 4],
     };
     if let Some(l) = lora {
         if l.rows.len() != rows {
@@ -240,6 +245,7 @@ pub fn decode_layer(
                 values.as_ptr(),
                 positions.as_ptr(),
                 lora_ptr,
+                present.as_ptr(),
                 lora_rows_ptr,
                 rows as i32,
                 shape.heads,

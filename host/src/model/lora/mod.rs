@@ -584,11 +584,8 @@ impl StepLora<'_> {
             Plan::Uniform(a) => {
                 for (i, slot) in slots.into_iter().enumerate() {
                     if let Some(p) = a.pair(layer, slot) {
-                        let (sa, sb) = (p.a.shape(), p.b.shape());
-                        out.stacks[i] = Some((
-                            cast(&p.a, Dtype::Float32)?.reshape(&[1, sa[0], sa[1]])?,
-                            cast(&p.b, Dtype::Float32)?.reshape(&[1, sb[0], sb[1]])?,
-                        ));
+                        out.stacks[i] =
+                            Some((cast(&p.a, Dtype::Float32)?, cast(&p.b, Dtype::Float32)?));
                     }
                 }
                 out.rows = vec![0; rows];
