@@ -291,34 +291,43 @@ void product(
   mlxhost_cpu::compute(p, sh.variant[l]);
 }
 
-// One row's LoRA delta: y [N] += (x [K] @ A [K, r]) @ B [r, N] (the scale
-// is in B). Plain loops the compiler vectorizes for each target below.
-#define MLXHOST_LORA_ROW_BODY                                   \
-  for (int j = 0; j < r; j++)                                   \
-    t[j] = 0.0f;                                                \
-  for (int k = 0; k < K; k++) {                                 \
-    const float xv = x[k];                                      \
-    const float* ak = a + size_t(k) * r;                        \
-    for (int j = 0; j < r; j++)                                 \
-      t[j] += xv * ak[j];                                       \
-  }                                                             \
-  for (int j = 0; j < r; j++) {                                 \
-    const float tv = t[j];                                      \
-    const float* bj = b + size_t(j) * N;                        \
-    for (int n = 0; n < N; n++)                                 \
-      y[n] += tv * bj[n];                                       \
+// The LoRA delta of the `m` rows `idx` running one adapter: y [i] +=
+// (x [i] @ A [K, r]) @ B [r, N] (the scale is in B). A and B are read once
+// for all the rows (the step is bound by the bytes it reads). Plain loops
+// the compiler vectorizes for each target below; `t`: m * r floats.
+#define MLXHOST_LORA_ROWS_BODY                                          \
+  for (int i = 0; i < m * r; i++)                                       \
+    t[i] = 0.0f;                                                        \
+  for (int k = 0; k < K; k++) {                                         \
+    const float* ak = a + size_t(k) * r;                                \
+    for (int i = 0; i < m; i++) {                                       \
+      const float xv = x[size_t(idx[i]) * K + k];                       \
+      float* ti = t + size_t(i) * r;                                    \
+      for (int j = 0; j < r; j++)                                       \
+        ti[j] += xv * ak[j];                                            \
+    }                                                                   \
+  }                                                                     \
+  for (int j = 0; j < r; j++) {                                         \
+    const float* bj = b + size_t(j) * N;                                \
+    for (int i = 0; i < m; i++) {                                       \
+      const float tv = t[size_t(i) * r + j];                            \
+      float* yi = y + size_t(idx[i]) * N;                               \
+      for (int n = 0; n < N; n++)                                       \
+        yi[n] += tv * bj[n];                                            \
+    }                                                                   \
   }
 
-void lora_row_plain(const float* x, const float* a, const float* b, float* y, float* t, int K,
-                    int r, int N) {
-  MLXHOST_LORA_ROW_BODY
+void lora_rows_plain(const float* x, const float* a, const float* b, float* y, float* t,
+                     const int* idx, int m, int K, int r, int N) {
+  MLXHOST_LORA_ROWS_BODY
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx512f"))) void lora_row_avx512(const float* x, const float* a,
-                                                        const float* b, float* y, float* t,
-                                                        int K, int r, int N) {
-  MLXHOST_LORA_ROW_BODY
+__attribute__((target("avx512f"))) void lora_rows_avx512(const float* x, const float* a,
+                                                         const float* b, float* y, float* t,
+                                                         const int* idx, int m, int K, int r,
+                                                         int N) {
+  MLXHOST_LORA_ROWS_BODY
 }
 #endif
 
@@ -333,20 +342,26 @@ void lora_add(const std::vector<mx::array>& in, int first, bool present, const f
   const auto& A = in[first];
   const auto& B = in[first + 1];
   const int r = A.shape(A.ndim() - 1);
-  std::vector<float> t(r);
-  for (int i = 0; i < R; i++) {
-    const int g = rows[i];
-    if (g < 0)
+  const int G = A.ndim() == 3 ? A.shape(0) : 1;
+  std::vector<float> t(size_t(R) * r);
+  std::vector<int> idx;
+  for (int g = 0; g < G; g++) {
+    idx.clear();
+    for (int i = 0; i < R; i++)
+      if (rows[i] == g)
+        idx.push_back(i);
+    if (idx.empty())
       continue;
+    const int m = int(idx.size());
     const float* a = A.data<float>() + size_t(g) * K * r;
     const float* b = B.data<float>() + size_t(g) * r * N;
 #if defined(__x86_64__)
     if (has_avx512()) {
-      lora_row_avx512(x + size_t(i) * K, a, b, y + size_t(i) * N, t.data(), K, r, N);
+      lora_rows_avx512(x, a, b, y, t.data(), idx.data(), m, K, r, N);
       continue;
     }
 #endif
-    lora_row_plain(x + size_t(i) * K, a, b, y + size_t(i) * N, t.data(), K, r, N);
+    lora_rows_plain(x, a, b, y, t.data(), idx.data(), m, K, r, N);
   }
 }
 
