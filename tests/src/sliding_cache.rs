@@ -35,14 +35,18 @@ const TOL: f32 = 1e-4;
 /// below this (random weights make near-ties common).
 const NEAR_TIE: f32 = 1e-3;
 
+/// What a sequence emitted, recorded by [`Sink`].
 #[derive(Debug, Default)]
-struct Record {
+pub struct Record {
     /// (id, logprob, top-2 margin).
-    tokens: Vec<(u32, f32, f32)>,
-    result: Option<Result<GenerateSummary, String>>,
+    pub tokens: Vec<(u32, f32, f32)>,
+    /// The summary, or the error as text.
+    pub result: Option<Result<GenerateSummary, String>>,
 }
 
-struct Sink(Rc<RefCell<Record>>);
+/// A [`SequenceSink`] that records into a shared [`Record`]; never
+/// cancels.
+pub struct Sink(pub Rc<RefCell<Record>>);
 
 impl SequenceSink for Sink {
     fn event(&mut self, event: GenerateEvent) {

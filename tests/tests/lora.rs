@@ -22,13 +22,12 @@ use std::time::Duration;
 use mlx_rs::Array;
 use mlxhost::cache::{PrefixCache, PromptCache};
 use mlxhost::engine::scheduler::{ChainSource, Pending, Scheduler, SchedulerConfig};
-use mlxhost::engine::{
-    GenerateError, GenerateEvent, GenerateRequest, GenerateSummary, SequenceSink,
-};
+use mlxhost::engine::GenerateRequest;
 use mlxhost::model::lora::LoraSet;
 use mlxhost::model::LoadedModel;
 use mlxhost::plugin::{PluginHost, PluginLimits, SamplingParams, VocabView};
 use mlxhost::score::ScoreOutput;
+use mlxhost_e2e::sliding_cache::{Record, Sink};
 use mlxhost_e2e::tiny_fixture::{assert_matches, read_scores};
 use mlxhost_e2e::{
     assert_scores_close, mlxhost, mlxhost_ok, mlxhost_ok_env, model_path, parse_score,
@@ -268,33 +267,6 @@ fn adapters_that_do_not_fit_name_the_tensor() {
 }
 
 // ---- through the engine's scheduler -------------------------------------
-
-#[derive(Debug, Default)]
-struct Record {
-    /// (id, logprob, top-2 margin).
-    tokens: Vec<(u32, f32, f32)>,
-    result: Option<Result<GenerateSummary, String>>,
-}
-
-struct Sink(Rc<RefCell<Record>>);
-
-impl SequenceSink for Sink {
-    fn event(&mut self, event: GenerateEvent) {
-        if let GenerateEvent::Token(t) = event {
-            let margin = match t.top.as_slice() {
-                [a, b, ..] => a.1 - b.1,
-                _ => f32::INFINITY,
-            };
-            self.0.borrow_mut().tokens.push((t.id, t.logprob, margin));
-        }
-    }
-    fn cancelled(&self) -> bool {
-        false
-    }
-    fn finished(&mut self, result: Result<GenerateSummary, GenerateError>) {
-        self.0.borrow_mut().result = Some(result.map_err(|e| e.to_string()));
-    }
-}
 
 struct Fixture {
     model: LoadedModel,
