@@ -45,17 +45,20 @@ PY
 if [ "${1:-all}" != memory ]; then
   limits
   has() { [[ " ${VARIANTS:-qmv off lookahead mlx-lm} " == *" $1 "* ]]; }
+  # Each run under its own limit (VARIANT_LIMIT seconds), so one that stalls (a cold NVRTC compile,
+  # a hang) costs that run, not the others; a run cut off or failing prints {"timed_out_or_failed": ..., "rc": ...}.
+  lim() { timeout "${VARIANT_LIMIT:-200}" "$@" || echo "{\"timed_out_or_failed\": \"$*\", \"rc\": $?}" | cut -c1-300; }
   for b in ${BATCHES:-1 8}; do
-    has qmv && "$BIN" bench --model "$DIR" --prompt-tokens 512 --decode-tokens 128 --batch "$b" \
+    has qmv && lim "$BIN" bench --model "$DIR" --prompt-tokens 512 --decode-tokens 128 --batch "$b" \
       2>"$OUT/bench-$b.log" | tail -1
     # The same step with MLX's quantized_matmul in place of mlxhost's mat-vec kernel (model::cuda_qmv).
-    has off && MLXHOST_QMV=off "$BIN" bench --model "$DIR" --prompt-tokens 512 --decode-tokens 128 \
+    has off && MLXHOST_QMV=off lim "$BIN" bench --model "$DIR" --prompt-tokens 512 --decode-tokens 128 \
       --batch "$b" 2>"$OUT/bench-$b-mlx-qmv.log" | tail -1 | sed 's/^{/{"mlxhost_qmv": "off", /'
     # Step N+1 built while the device computes step N (serve --decode-lookahead; mlx-lm's loop).
-    has lookahead && "$BIN" bench --model "$DIR" --prompt-tokens 512 --decode-tokens 128 --batch "$b" \
+    has lookahead && lim "$BIN" bench --model "$DIR" --prompt-tokens 512 --decode-tokens 128 --batch "$b" \
       --lookahead 2>"$OUT/bench-$b-lookahead.log" | tail -1
     # mlx-lm through benches/mlx_lm_run.py: its quantized MoE layers need the gather_qmm shim.
-    has mlx-lm && python3 benches/mlx_lm_run.py benchmark --model "$DIR" --prompt-tokens 512 \
+    has mlx-lm && lim python3 benches/mlx_lm_run.py benchmark --model "$DIR" --prompt-tokens 512 \
       --generation-tokens 128 --num-trials 3 --batch-size "$b" 2>&1 | tail -4
   done
 fi

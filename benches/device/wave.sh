@@ -25,6 +25,12 @@ MIN_PART="${MIN_PART:-60}"
 OUT="${OUT:-/tmp/wave}"
 mkdir -p "$OUT"
 start=$SECONDS
+# mlx-lm shares the kernels mlxhost compiled (same MLX version; mlxhost keeps them under
+# $MLXHOST_CACHE/gpu-kernels, host/src/gpu_kernel_cache.rs) instead of compiling its own in /tmp/mlx.
+KERNELS="${MLXHOST_CACHE:-$HOME/.cache/mlxhost}/gpu-kernels"
+mkdir -p "$KERNELS/cuda-driver"
+export MLX_PTX_CACHE_DIR="${MLX_PTX_CACHE_DIR:-$KERNELS/mlx-$(python3 -c 'import mlx.core as mx; print(mx.__version__)' 2>/dev/null || echo 0.32.2)}"
+export CUDA_CACHE_PATH="${CUDA_CACHE_PATH:-$KERNELS/cuda-driver}" CUDA_CACHE_MAXSIZE="${CUDA_CACHE_MAXSIZE:-1073741824}"
 left() { echo $((DEADLINE - (SECONDS - start))); }
 
 # part NAME LIMIT SHAPE MODE [env...]: real_shapes.sh MODE for SHAPE under min(LIMIT, time left).
@@ -62,4 +68,9 @@ for p in ${PARTS:-8b moe gpt-oss 32b hybrid 8b-batch 8b-memory}; do
     *) echo "{\"part\": \"$p\", \"error\": \"unknown part (8b moe gpt-oss 32b hybrid 8b-batch 8b-memory smoke)\"}" ;;
   esac
 done
-echo "{\"wave_seconds\": $((SECONDS - start))}"
+# The compiled kernels come back as jit.tgz (under the device tool's file limit): put in
+# $MLXHOST_CACHE/device-jit/ here, pack.sh carries them to the next machine, whose first runs then
+# skip minutes of NVRTC compiling.
+tar czf "$OUT/jit.tgz" -C / "${KERNELS#/}" 2>/dev/null
+[ "$(stat -c %s "$OUT/jit.tgz" 2>/dev/null || echo 0)" -lt 60000000 ] || rm -f "$OUT/jit.tgz"
+echo "{\"wave_seconds\": $((SECONDS - start)), \"jit_tgz_bytes\": $(stat -c %s "$OUT/jit.tgz" 2>/dev/null || echo 0)}"
