@@ -9,7 +9,9 @@
 #          buffer cache): /stats `memory` and nvidia-smi's used memory after warm-up, the first
 #          50 requests' TTFT against warm (benches/first_requests.py), memory after 16
 #          concurrent requests, the first prompt-cache hit; EXTRA_SERVE_ARGS are passed on
-# Usage: benches/device/real_shapes.sh step|memory|all   (OUT: where logs and JSON go)
+#   structured  `mlxhost serve`, then benches/structured_output.py: a JSON-Schema-constrained decode
+#          step against a free one at batch 1, 8 and 16 (BATCHES; issue 39)
+# Usage: benches/device/real_shapes.sh step|memory|structured|all   (OUT: where logs and JSON go)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN="${MLXHOST_BIN:?source the output of benches/device/unpack.sh first}"
@@ -42,7 +44,7 @@ print(json.dumps({"gpu": name, "step_bytes": step, "bandwidth_tb_s": tbs,
                   "limit_ms_per_step": step / tbs / 1e9, "limit_tok_s": tbs * 1e12 / step}))
 PY
 }
-if [ "${1:-all}" != memory ]; then
+if [ "${1:-all}" = step ] || [ "${1:-all}" = all ]; then
   limits
   has() { [[ " ${VARIANTS:-qmv off lookahead mlx-lm} " == *" $1 "* ]]; }
   # Each run under its own limit (VARIANT_LIMIT seconds), so one that stalls (a cold NVRTC compile,
@@ -62,7 +64,8 @@ if [ "${1:-all}" != memory ]; then
       --generation-tokens 128 --num-trials 3 --batch-size "$b" 2>&1 | tail -4
   done
 fi
-if [ "${1:-all}" != step ]; then
+# `mlxhost serve` on port 18080 with the default plugins (and EXTRA_SERVE_ARGS), waited for.
+start_server() {
   "$BIN" serve --model "$DIR" --plugins plugins --port 18080 ${EXTRA_SERVE_ARGS:-} 2>"$OUT/serve.log" &
   PID=$!
   trap 'kill $PID 2>/dev/null || true' EXIT
@@ -71,6 +74,17 @@ if [ "${1:-all}" != step ]; then
     kill -0 $PID 2>/dev/null || { tail -20 "$OUT/serve.log"; exit 1; }
     sleep 1
   done
+}
+if [ "${1:-all}" = structured ]; then
+  # Issue 39 on the card: a constrained decode step (the grammar plugin's JSON-Schema mask, a
+  # bitset applied on the device) against a free one at each batch size, rounds interleaved.
+  start_server
+  BATCHES="${BATCHES:-1 8 16}" ROUNDS="${ROUNDS:-2}" MAX_TOKENS="${MAX_TOKENS:-96}" \
+    python3 benches/structured_output.py http://127.0.0.1:18080
+  exit 0
+fi
+if [ "${1:-all}" != step ]; then
+  start_server
   echo "{\"ready_s\": $((SECONDS - t0)), \"gpu_used_mib\": $(used), \"after\": \"warm-up\"}"
   curl -s http://127.0.0.1:18080/stats | python3 -c 'import json,sys; d=json.load(sys.stdin); print(json.dumps({"memory": d["memory"], "memory_budget_bytes": d["batch"]["memory_budget_bytes"]}))'
   # The first 50 requests after ready, of mixed kinds, against the same kinds warm.

@@ -14,6 +14,7 @@
 #   hybrid      Qwen3.5-9B shape, batch-1 step: mlxhost, mlx-lm               (issue 38)
 #   8b-batch    Qwen3-8B shape, batch-8 step: mlxhost, mlx-lm                 (issue 35)
 #   8b-memory   Qwen3-8B shape, `real_shapes.sh memory`: memory after warm-up, first-50 TTFT
+#   structured  Qwen3-8B shape, `real_shapes.sh structured`: constrained vs free step, b 1/8/16 (39)
 #   smoke       the tiny MoE shape, batch-1 step (checks the wiring on any machine; not default)
 # Each shape's weights are made here the first time a part needs them (make_real_shape.py, ~1 min
 # for 8B) and stay in $MODELS for the machine's life.
@@ -55,7 +56,7 @@ part() {
   echo "{\"part\": \"$name\", \"rc\": $rc, \"seconds\": $((SECONDS - t0))}"
 }
 
-for p in ${PARTS:-8b moe gpt-oss 32b hybrid 8b-batch 8b-memory}; do
+for p in ${PARTS:-8b moe gpt-oss 32b hybrid 8b-batch 8b-memory structured}; do
   case "$p" in
     8b) part 8b 300 qwen3-8b step BATCHES=1 VARIANTS="qmv off lookahead mlx-lm" ;;
     moe) part moe 300 qwen3-30b-a3b step BATCHES=1 VARIANTS="qmv mlx-lm" ;;
@@ -64,8 +65,9 @@ for p in ${PARTS:-8b moe gpt-oss 32b hybrid 8b-batch 8b-memory}; do
     hybrid) part hybrid 300 qwen3.5-9b step BATCHES=1 VARIANTS="qmv mlx-lm" ;;
     8b-batch) part 8b-batch 240 qwen3-8b step BATCHES=8 VARIANTS="qmv mlx-lm" ;;
     8b-memory) part 8b-memory 300 qwen3-8b memory ;;
+    structured) part structured 240 qwen3-8b structured ;;
     smoke) part smoke 120 tiny-moe step BATCHES=1 VARIANTS="qmv mlx-lm" ;;
-    *) echo "{\"part\": \"$p\", \"error\": \"unknown part (8b moe gpt-oss 32b hybrid 8b-batch 8b-memory smoke)\"}" ;;
+    *) echo "{\"part\": \"$p\", \"error\": \"unknown part (8b moe gpt-oss 32b hybrid 8b-batch 8b-memory structured smoke)\"}" ;;
   esac
 done
 # The compiled kernels come back as jit.tgz (under the device tool's file limit): put in
