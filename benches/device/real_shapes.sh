@@ -11,7 +11,10 @@
 #          concurrent requests, the first prompt-cache hit; EXTRA_SERVE_ARGS are passed on
 #   structured  `mlxhost serve`, then benches/structured_output.py: a JSON-Schema-constrained decode
 #          step against a free one at batch 1, 8 and 16 (BATCHES; issue 39)
-# Usage: benches/device/real_shapes.sh step|memory|structured|all   (OUT: where logs and JSON go)
+#   http   `mlxhost serve` and mlx_lm.server: streamed requests at concurrency 1, 8, 32 (LEVELS)
+#   two    two `mlxhost serve` on one card (--memory-limit TWO_LIMIT GiB each): A alone, then A and
+#          B at once, concurrency 1 and 8
+# Usage: benches/device/real_shapes.sh step|memory|structured|http|two|all   (OUT: where logs and JSON go)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN="${MLXHOST_BIN:?source the output of benches/device/unpack.sh first}"
@@ -81,6 +84,42 @@ if [ "${1:-all}" = structured ]; then
   start_server
   BATCHES="${BATCHES:-1 8 16}" ROUNDS="${ROUNDS:-2}" MAX_TOKENS="${MAX_TOKENS:-96}" \
     python3 benches/structured_output.py http://127.0.0.1:18080
+  exit 0
+fi
+if [ "${1:-all}" = http ]; then
+  # Issue 35's HTTP targets: aggregate tok/s at concurrency 1, 8 and 32 against mlx_lm.server (its
+  # default batching) on the same files, levels interleaved between the servers.
+  start_server
+  python3 benches/mlx_lm_run.py server --model "$DIR" --port 18081 2>"$OUT/mlx-lm-server.log" &
+  MPID=$!
+  trap 'kill $PID $MPID 2>/dev/null || true' EXIT
+  until curl -sf http://127.0.0.1:18081/v1/models >/dev/null; do
+    kill -0 $MPID 2>/dev/null || { tail -20 "$OUT/mlx-lm-server.log"; exit 1; }
+    sleep 1
+  done
+  LEVELS="${LEVELS:-1 8 32}" MAX_TOKENS="${MAX_TOKENS:-64}" WARMUP=1 \
+    python3 benches/concurrency.py mlxhost=http://127.0.0.1:18080 mlx_lm.server=http://127.0.0.1:18081
+  exit 0
+fi
+if [ "${1:-all}" = two ]; then
+  # Issue 35: two servers on one card, each under --memory-limit (TWO_LIMIT GiB), keep their solo
+  # speed: server A alone at concurrency 1 and 8, then A and B measured at the same time.
+  EXTRA_SERVE_ARGS="--memory-limit ${TWO_LIMIT:-30} ${EXTRA_SERVE_ARGS:-}" start_server
+  APID=$PID
+  echo '{"two": "A alone"}'
+  LEVELS="1 8" MAX_TOKENS=64 ROUNDS=2 WARMUP=1 python3 benches/concurrency.py A=http://127.0.0.1:18080 | grep '^{'
+  "$BIN" serve --model "$DIR" --plugins plugins --port 18081 --memory-limit "${TWO_LIMIT:-30}" \
+    ${EXTRA_SERVE_ARGS:-} 2>"$OUT/serve-b.log" &
+  BPID=$!
+  trap 'kill $APID $BPID 2>/dev/null || true' EXIT
+  until curl -sf http://127.0.0.1:18081/health >/dev/null; do
+    kill -0 $BPID 2>/dev/null || { tail -20 "$OUT/serve-b.log"; exit 1; }
+    sleep 1
+  done
+  echo "{\"two\": \"A and B together\", \"gpu_used_mib\": $(used)}"
+  LEVELS="1 8" MAX_TOKENS=64 ROUNDS=2 WARMUP=1 python3 benches/concurrency.py A=http://127.0.0.1:18080 | grep '^{' &
+  LEVELS="1 8" MAX_TOKENS=64 ROUNDS=2 WARMUP=1 python3 benches/concurrency.py B=http://127.0.0.1:18081 | grep '^{'
+  wait
   exit 0
 fi
 if [ "${1:-all}" != step ]; then
