@@ -12,6 +12,7 @@ pub mod busy_threads;
 pub mod cache;
 pub mod census;
 pub mod device_memory;
+pub mod distributed;
 pub mod engine;
 pub mod gpu_kernel_cache;
 pub mod logprobs;

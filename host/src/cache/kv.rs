@@ -23,6 +23,7 @@ use mlx_rs::{ops, ops::indexing::IndexOp, ops::indexing::TryIndexMutOp, Array, D
 
 use super::slab::SlabLink;
 use super::state::{LayerState, RowStates};
+use crate::distributed::mirror::{CacheOp, MirrorId};
 use crate::model::error::{ModelError, Result};
 
 /// What one layer of a [`KvCache`] keeps.
@@ -98,6 +99,10 @@ pub struct KvCache {
     /// The recurrent layers' states and checkpoints, when some layer is
     /// [`LayerKind::Recurrent`].
     states: Option<RowStates>,
+    /// This cache's identity across tensor-parallel ranks: clones, drops
+    /// and trims are logged under it for the workers' shards
+    /// ([`crate::distributed::mirror`]).
+    mirror: MirrorId,
 }
 
 impl Clone for KvCache {
@@ -118,6 +123,7 @@ impl Clone for KvCache {
             offset: self.offset,
             slab: None,
             states: self.states.clone(),
+            mirror: self.mirror.clone(),
         }
     }
 }
@@ -151,6 +157,7 @@ impl KvCache {
             states: kinds
                 .contains(&LayerKind::Recurrent)
                 .then(|| RowStates::new(kinds.len())),
+            mirror: MirrorId::fresh(),
         }
     }
 
@@ -200,6 +207,7 @@ impl KvCache {
                 (true, None) => Some(RowStates::new(kinds.len())),
                 (false, _) => None,
             },
+            mirror: MirrorId::fresh(),
         }
     }
 
@@ -394,6 +402,12 @@ impl KvCache {
         })
     }
 
+    /// The id tensor-parallel plans name this cache by
+    /// ([`crate::distributed::mirror`]).
+    pub fn mirror_id(&self) -> u64 {
+        self.mirror.get()
+    }
+
     /// Number of cached positions (tokens already processed).
     pub fn offset(&self) -> usize {
         self.offset
@@ -521,6 +535,7 @@ impl KvCache {
     /// own them alone.
     pub fn make_exclusive(&mut self) -> Result<()> {
         self.detach();
+        self.mirror.record(CacheOp::MakeExclusive);
         let offset = self.offset;
         for slot in &mut self.layers {
             let valid = offset.saturating_sub(slot.start) as i32;
@@ -538,6 +553,7 @@ impl KvCache {
     /// positions instead of pinning the longer allocation.
     pub fn compact(&mut self) -> Result<()> {
         self.detach();
+        self.mirror.record(CacheOp::Compact);
         let offset = self.offset;
         for slot in &mut self.layers {
             let valid = offset.saturating_sub(slot.start) as i32;
@@ -572,6 +588,7 @@ impl KvCache {
     /// other one empties the cache instead, which is always valid.
     pub fn truncate(&mut self, len: usize) {
         self.detach();
+        self.mirror.record(|id| CacheOp::Truncate(id, len));
         let offset = self.offset;
         let restored = self.states.as_mut().is_none_or(|s| s.truncate(len, offset));
         if len < self.min_resume() || !restored {

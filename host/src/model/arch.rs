@@ -81,6 +81,22 @@ pub trait CausalLm {
         ))
         .into())
     }
+
+    /// Makes this model one rank of a tensor-parallel group: its weights
+    /// are already that rank's shard ([`crate::distributed::shard`]).
+    ///
+    /// Errors: the architecture has no tensor-parallel forward.
+    fn set_tensor_parallel(
+        &mut self,
+        group: std::sync::Arc<crate::distributed::Group>,
+    ) -> Result<()> {
+        let _ = group;
+        Err(crate::distributed::DistributedError::Shard(format!(
+            "--tensor-parallel: architecture `{}` has no tensor-parallel forward",
+            self.config().model_type
+        ))
+        .into())
+    }
 }
 
 impl CausalLm for super::Llama {
@@ -113,7 +129,17 @@ impl CausalLm for super::Llama {
     }
 
     fn lora_targets(&self) -> Option<super::lora::LoraTargets> {
-        Some(super::Llama::lora_targets(self))
+        // A shard's products are partial: adapters are not split with them.
+        self.tp.is_none().then(|| super::Llama::lora_targets(self))
+    }
+
+    fn set_tensor_parallel(
+        &mut self,
+        group: std::sync::Arc<crate::distributed::Group>,
+    ) -> Result<()> {
+        self.tp = Some(group);
+        self.fused_decode = None;
+        Ok(())
     }
 
     fn merge_lora(&mut self, adapter: &super::lora::LoraAdapter) -> Result<()> {

@@ -56,6 +56,10 @@ pub enum ModelError {
     /// A LoRA adapter failed to load or apply.
     #[error(transparent)]
     Lora(#[from] super::lora::LoraError),
+    /// Tensor parallelism failed: a shard that cannot be cut, or a rank
+    /// that is gone.
+    #[error(transparent)]
+    Distributed(#[from] crate::distributed::DistributedError),
     /// Filesystem error on a named path.
     #[error("{path}: {source}")]
     Io {

@@ -223,6 +223,12 @@ pub struct Llama {
     /// Where decode rows keep their KV on GPU backends
     /// ([`crate::cache::slab`]): one attention op per layer for all rows.
     pub decode_slab: DecodeSlab,
+    /// Tensor parallelism: this rank's group when the weights are one
+    /// rank's shard ([`crate::distributed::shard`]). The o_proj and
+    /// down_proj partial products are summed over ranks, every rank
+    /// evaluates the residual stream before the head (so all run the same
+    /// collectives in the same order), and only rank 0 computes logits.
+    pub tp: Option<std::sync::Arc<crate::distributed::Group>>,
 }
 
 /// One row of a ragged forward pass.
@@ -284,7 +290,7 @@ impl Llama {
         for (l, layer) in self.layers.iter().enumerate() {
             let attn =
                 self.attention(l, layer, &x, rows, &lens, &positions, slab.as_mut(), lora)?;
-            let mut o = layer.o_proj.forward_with(&attn, self.layer_kernel)?;
+            let mut o = self.tp_sum(layer.o_proj.forward_with(&attn, self.layer_kernel)?)?;
             if let Some(lora) = lora {
                 o = lora.add(l, Slot::O, &attn, o)?;
             }
@@ -306,6 +312,7 @@ impl Llama {
             // The residual add and the next layer's input norm, as one kernel
             // where fused; the last layer's norm is the head's.
             match self.layers.get(l + 1) {
+            let down = self.tp_sum(down)?;
                 Some(next) => (h, x) = add_rms_norm(&h, &down, &next.input_norm, eps, fused)?,
                 None => h = ops::add(&h, &down)?,
             }
@@ -317,9 +324,31 @@ impl Llama {
         self.head(&h, rows, &lens)
     }
 
+        if let Some(group) = &self.tp {
+            // Every rank evaluates the same graph (the stream and every
+            // row's cache) here, so the collectives in it pair up; what
+            // the caller evaluates later (the head) has none.
+            let mut arrays: Vec<&Array> = vec![&h];
+            for row in rows.iter() {
+                arrays.extend(row.cache.arrays());
+            }
+            mlx_rs::transforms::eval(arrays)?;
+            if group.rank() != 0 {
+                return Ok(ragged::no_logits(rows.len(), vocab));
+            }
+        }
     /// The MLP's activation `silu(gate) * up` of `x: [N, E]` -> `[N, I]`:
     /// one fused CUDA kernel over the fused gate/up product where `fused`
     /// ([`cuda_fused::available`]), one CPU op over it on the CPU backend
+    /// `x` summed over the tensor-parallel ranks (a row-parallel product's
+    /// partial sums); `x` itself on one rank.
+    fn tp_sum(&self, x: Array) -> Result<Array> {
+        match &self.tp {
+            Some(group) => Ok(group.all_sum(&x)?),
+            None => Ok(x),
+        }
+    }
+
     /// ([`cpu_swiglu`]), else MLX's ops.
     fn swiglu(&self, mlp: &DenseMlp, x: &Array, fused: bool) -> Result<Array> {
         if fused {
@@ -712,7 +741,8 @@ impl Llama {
     /// ([`FusedLayer::of`]); otherwise leaves decode on MLX ops.
     pub fn with_fused_decode(mut self) -> Self {
         self.fused_decode = None;
-        if self.dtype == Dtype::Float32 && super::decode_layer::enabled() {
+        // The fused op runs a whole layer, with no place for the all-sums.
+        if self.dtype == Dtype::Float32 && super::decode_layer::enabled() && self.tp.is_none() {
             self.fused_decode = self.layers.iter().map(FusedLayer::of).collect();
         }
         self

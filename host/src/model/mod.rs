@@ -142,6 +142,9 @@ pub struct LoadOptions {
     /// Keep the checkpoint tensors in [`LoadedModel::source_tensors`].
     pub keep_tensors: bool,
 }
+    /// Load only this rank's shard of the weights and run as that rank of
+    /// the group (`serve --tensor-parallel`, [`crate::distributed`]).
+    pub tensor_parallel: Option<std::sync::Arc<crate::distributed::Group>>,
 
 /// The default model: SmolLM2-135M-Instruct as installed by
 /// `scripts/setup.sh` under the cache directory.
@@ -194,7 +197,17 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
                 compute,
             )
         };
-    let model: Box<dyn CausalLm> = weights::build_model(&config, &tensors, compute)?;
+    let (config, mut tensors) = (config, tensors);
+    let config = match &opts.tensor_parallel {
+        Some(g) => {
+            crate::distributed::shard::shard_llama(&config, &mut tensors, g.rank(), g.size())?
+        }
+        None => config,
+    };
+    let mut model: Box<dyn CausalLm> = weights::build_model(&config, &tensors, compute)?;
+    if let Some(g) = &opts.tensor_parallel {
+        model.set_tensor_parallel(g.clone())?;
+    }
     let params: Vec<&Array> = model.parameters();
     mlx_rs::transforms::eval(params)?;
     let eos_token = eos_ids

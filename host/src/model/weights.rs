@@ -449,6 +449,7 @@ pub fn build_llama(
         fused_decode: None,
         layer_kernel: ld.layer_kernel(),
         decode_slab: DecodeSlab::default(),
+        tp: None,
     }
     .with_fused_decode())
 }

@@ -198,6 +198,12 @@ pub async fn health(State(app): State<Arc<AppState>>) -> Response {
             StatusCode::SERVICE_UNAVAILABLE,
             serde_json::json!({"status": "shutting_down"}),
         )
+    } else if let Some(reason) = crate::distributed::failure() {
+        // A tensor-parallel rank is gone: every step fails until restart.
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            serde_json::json!({"status": "unhealthy", "error": reason}),
+        )
     } else if let Some(f) = app.frontend.get() {
         (
             StatusCode::OK,
