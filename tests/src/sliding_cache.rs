@@ -232,6 +232,7 @@ pub fn open_ssd(model: &LoadedModel, dir: &Path) -> SsdCache {
             shapes: model.model.kv_shapes(),
             dtype: model.model.dtype(),
             kinds: model.model.new_cache().kinds(),
+            quant: model.model.new_cache().quant(),
         },
     };
     let config = SsdConfig {

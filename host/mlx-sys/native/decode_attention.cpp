@@ -247,3 +247,262 @@ extern "C" int mlxhost_decode_attention(
   }
   return 0;
 }
+
+// ---------------------------------------------------------------------------
+// The same op over quantized caches (`--kv-bits`, the host's `cache::quant`):
+// each position's keys (and values) per KV head are one uint32 row of P
+// words: D * bits / 32 words of packed values (MLX's affine layout: element
+// i of a word at bits * i from the low end), then D / group_size float32
+// scales, then as many float32 biases, as bit patterns. The row's new key and
+// value arrive already packed (MLX's `quantize`, so every path stores the
+// same numbers); the op copies them in at `pos`, in place, and attends by
+// dequantizing one position's row at a time into a D-float scratch: no
+// dequantized copy of the cache.
+//
+// Inputs:  q [R, H, 1, D] (float32, float16 or bfloat16; any strides), k, v
+//          [R, H_kv, 1, P] uint32 (any strides), then K_0, V_0, ... [1,
+//          H_kv, cap_i, P] uint32 (row-contiguous, cap_i > pos_i).
+// Outputs: [R, H, 1, D] (q's dtype), then the cache buffers after the write.
+
+namespace {
+
+// One position's packed row -> D floats (scale * q + bias per group).
+template <int BITS>
+inline void unpack_row(const uint32_t* row, int dim, int group_size, float* out) {
+  constexpr int per_word = 32 / BITS;
+  constexpr uint32_t mask = (1u << BITS) - 1;
+  const int words = dim * BITS / 32;
+  const int groups = dim / group_size;
+  const float* scales = reinterpret_cast<const float*>(row + words);
+  const float* biases = scales + groups;
+  for (int w = 0; w < words; w++) {
+    const uint32_t x = row[w];
+    for (int k = 0; k < per_word; k++)
+      out[w * per_word + k] = static_cast<float>((x >> (BITS * k)) & mask);
+  }
+  for (int g = 0; g < groups; g++) {
+    const float s = scales[g], b = biases[g];
+    float* o = out + g * group_size;
+    for (int i = 0; i < group_size; i++)
+      o[i] = o[i] * s + b;
+  }
+}
+
+template <typename T, int BITS>
+void run_quant(
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs,
+    const std::vector<int>& positions,
+    float scale,
+    int group_size) {
+  const auto& q = inputs[0];
+  const auto& k = inputs[1];
+  const auto& v = inputs[2];
+  const int rows = q.shape(0), heads = q.shape(1), dim = q.shape(3);
+  const int words = k.shape(3);
+  T* o = outputs[0].data<T>();
+  std::vector<float> qf, scores, acc, scratch(dim);
+  for (int r = 0; r < rows; r++) {
+    const int pos = positions[r];
+    const int len = pos + 1;
+    auto& kc = outputs[1 + 2 * r];
+    auto& vc = outputs[2 + 2 * r];
+    const int kv_heads = kc.shape(1);
+    const int group = heads / kv_heads;
+    const int cap = kc.shape(2);
+    uint32_t* kw = kc.data<uint32_t>();
+    uint32_t* vw = vc.data<uint32_t>();
+    const uint32_t* kn = k.data<uint32_t>();
+    const uint32_t* vn = v.data<uint32_t>();
+    const auto& kst = k.strides();
+    const auto& vst = v.strides();
+    for (int h = 0; h < kv_heads; h++)
+      for (int w = 0; w < words; w++) {
+        kw[(int64_t(h) * cap + pos) * words + w] = kn[r * kst[0] + h * kst[1] + w * kst[3]];
+        vw[(int64_t(h) * cap + pos) * words + w] = vn[r * vst[0] + h * vst[1] + w * vst[3]];
+      }
+    qf.resize(size_t(group) * dim);
+    scores.resize(size_t(group) * len);
+    acc.resize(size_t(group) * dim);
+    for (int g = 0; g < kv_heads; g++) {
+      for (int i = 0; i < group; i++)
+        for (int d = 0; d < dim; d++)
+          qf[size_t(i) * dim + d] = scale * at(q.data<T>(), q.strides(), r, g * group + i, 0, d);
+      // Scores: one dequantized key row at a time, against every query head
+      // of this KV head.
+      const uint32_t* kb = kw + int64_t(g) * cap * words;
+      for (int j = 0; j < len; j++) {
+        unpack_row<BITS>(kb + int64_t(j) * words, dim, group_size, scratch.data());
+        for (int i = 0; i < group; i++)
+          scores[size_t(i) * len + j] = dot(&qf[size_t(i) * dim], scratch.data(), dim);
+      }
+      for (int i = 0; i < group; i++) {
+        float* s = &scores[size_t(i) * len];
+        float mx_score = -INFINITY;
+        for (int j = 0; j < len; j++)
+          mx_score = std::max(mx_score, s[j]);
+        float total = 0;
+        for (int j = 0; j < len; j++) {
+          s[j] = std::exp(s[j] - mx_score);
+          total += s[j];
+        }
+        const float inv = 1.0f / total;
+        for (int j = 0; j < len; j++)
+          s[j] *= inv;
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      const uint32_t* vb = vw + int64_t(g) * cap * words;
+      for (int j = 0; j < len; j++) {
+        unpack_row<BITS>(vb + int64_t(j) * words, dim, group_size, scratch.data());
+        for (int i = 0; i < group; i++) {
+          const float p = scores[size_t(i) * len + j];
+          float* a = &acc[size_t(i) * dim];
+          for (int d = 0; d < dim; d++)
+            a[d] += p * scratch[d];
+        }
+      }
+      for (int i = 0; i < group; i++) {
+        T* orow = o + (int64_t(r) * heads + g * group + i) * dim;
+        for (int d = 0; d < dim; d++)
+          store(&orow[d], acc[size_t(i) * dim + d]);
+      }
+    }
+  }
+}
+
+template <typename T>
+void run_quant_bits(
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs,
+    const std::vector<int>& positions,
+    float scale,
+    int bits,
+    int group_size) {
+  if (bits == 4)
+    run_quant<T, 4>(inputs, outputs, positions, scale, group_size);
+  else
+    run_quant<T, 8>(inputs, outputs, positions, scale, group_size);
+}
+
+class QuantDecodeAttention : public mx::Primitive {
+ public:
+  QuantDecodeAttention(mx::Stream s, std::vector<int> positions, float scale, int bits, int group_size)
+      : mx::Primitive(s),
+        positions_(std::move(positions)),
+        scale_(scale),
+        bits_(bits),
+        group_size_(group_size) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    // As DecodeAttention: buffers set synchronously, caches written in place.
+    for (size_t i = 3; i < inputs.size(); i++) {
+      if (!inputs[i].flags().row_contiguous)
+        throw std::runtime_error("quantized decode attention: a cache buffer is not row-contiguous");
+    }
+    outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
+    for (size_t i = 1; i < outputs.size(); i++)
+      outputs[i].copy_shared_buffer(inputs[i + 2]);
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs)
+      enc.set_input_array(a);
+    for (auto& a : outputs)
+      enc.set_output_array(a);
+    enc.dispatch([inputs,
+                  outputs,
+                  positions = positions_,
+                  scale = scale_,
+                  bits = bits_,
+                  group_size = group_size_]() mutable {
+      switch (inputs[0].dtype()) {
+        case mx::float16:
+          run_quant_bits<mx::float16_t>(inputs, outputs, positions, scale, bits, group_size);
+          break;
+        case mx::bfloat16:
+          run_quant_bits<mx::bfloat16_t>(inputs, outputs, positions, scale, bits, group_size);
+          break;
+        default:
+          run_quant_bits<float>(inputs, outputs, positions, scale, bits, group_size);
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mlxhost QuantDecodeAttention has no GPU implementation");
+  }
+
+  const char* name() const override {
+    return "MlxhostQuantDecodeAttention";
+  }
+
+ private:
+  std::vector<int> positions_;
+  float scale_;
+  int bits_;
+  int group_size_;
+};
+
+} // namespace
+
+// Builds the quantized op (lazily). As `mlxhost_decode_attention`, with k, v
+// and the caches packed rows of `bits` (4 or 8) and `group_size`.
+extern "C" int mlxhost_decode_attention_quant(
+    mlx_array* out,
+    mlx_array* new_keys,
+    mlx_array* new_values,
+    const mlx_array q,
+    const mlx_array k,
+    const mlx_array v,
+    const mlx_array* keys,
+    const mlx_array* values,
+    const int* positions,
+    int rows,
+    float scale,
+    int bits,
+    int group_size) {
+  try {
+    const auto& qa = mlx_array_get_(q);
+    const auto& ka = mlx_array_get_(k);
+    const auto& va = mlx_array_get_(v);
+    if (bits != 4 && bits != 8)
+      throw std::invalid_argument("quantized decode attention: bits must be 4 or 8");
+    if (qa.ndim() != 4 || ka.ndim() != 4 || va.ndim() != 4 || qa.shape(0) != rows ||
+        ka.shape(0) != rows || va.shape(0) != rows || qa.shape(2) != 1 || ka.shape(1) == 0 ||
+        qa.shape(1) % ka.shape(1) != 0 || ka.shape() != va.shape() || ka.dtype() != mx::uint32 ||
+        va.dtype() != mx::uint32 || group_size <= 0 || qa.shape(3) % group_size != 0 ||
+        ka.shape(3) != qa.shape(3) * bits / 32 + 2 * (qa.shape(3) / group_size)) {
+      throw std::invalid_argument(
+          "quantized decode attention: q must be [R, H, 1, D], k/v [R, H_kv, 1, P] uint32 packed rows");
+    }
+    std::vector<mx::array> inputs = {qa, ka, va};
+    std::vector<mx::Shape> shapes = {qa.shape()};
+    std::vector<mx::Dtype> dtypes = {qa.dtype()};
+    std::vector<int> pos(positions, positions + rows);
+    for (int r = 0; r < rows; r++) {
+      const auto& kc = mlx_array_get_(keys[r]);
+      const auto& vc = mlx_array_get_(values[r]);
+      if (kc.ndim() != 4 || kc.shape() != vc.shape() || kc.shape(1) != ka.shape(1) ||
+          kc.shape(3) != ka.shape(3) || pos[r] < 0 || pos[r] >= kc.shape(2) ||
+          kc.dtype() != mx::uint32 || vc.dtype() != mx::uint32) {
+        throw std::invalid_argument("quantized decode attention: a cache buffer does not fit its row");
+      }
+      inputs.push_back(kc);
+      inputs.push_back(vc);
+      shapes.push_back(kc.shape());
+      shapes.push_back(vc.shape());
+      dtypes.push_back(kc.dtype());
+      dtypes.push_back(vc.dtype());
+    }
+    auto stream = mx::default_stream(mx::Device::cpu);
+    auto prim = std::make_shared<QuantDecodeAttention>(stream, std::move(pos), scale, bits, group_size);
+    auto outs = mx::array::make_arrays(std::move(shapes), dtypes, prim, inputs);
+    mlx_array_set_(*out, outs[0]);
+    for (int r = 0; r < rows; r++) {
+      mlx_array_set_(new_keys[r], outs[1 + 2 * r]);
+      mlx_array_set_(new_values[r], outs[2 + 2 * r]);
+    }
+  } catch (std::exception& e) {
+    mlx_error(e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -54,6 +54,28 @@ extern "C" {
         scale: f32,
     ) -> ::std::os::raw::c_int;
 
+    /// [`mlxhost_decode_attention`] over quantized caches
+    /// (`native/decode_attention.cpp`, CPU only): `k`/`v` are the rows' new
+    /// keys and values as packed rows `[R, H_kv, 1, P]` `uint32` and the
+    /// caches `[1, H_kv, cap, P]` of the same scheme (`bits` 4 or 8,
+    /// `group_size`; see the host's `cache::quant`). Returns 0, or 1 after
+    /// reporting the error through mlx-c's error handler.
+    pub fn mlxhost_decode_attention_quant(
+        out: *mut mlx_array,
+        new_keys: *mut mlx_array,
+        new_values: *mut mlx_array,
+        q: mlx_array,
+        k: mlx_array,
+        v: mlx_array,
+        keys: *const mlx_array,
+        values: *const mlx_array,
+        positions: *const ::std::os::raw::c_int,
+        rows: ::std::os::raw::c_int,
+        scale: f32,
+        bits: ::std::os::raw::c_int,
+        group_size: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int;
+
     /// mlxhost's causal prefill attention over one row's KV cache
     /// (`native/prefill_attention.cpp`, CPU with AVX-512F only): builds one
     /// lazy MLX op; `out` gets `[T, H * D]` float32 (token-major) for q

@@ -21,6 +21,7 @@
 
 use mlx_rs::{ops, ops::indexing::IndexOp, ops::indexing::TryIndexMutOp, Array, Dtype};
 
+use super::quant::KvQuant;
 use super::slab::SlabLink;
 use super::state::{LayerState, RowStates};
 use crate::distributed::mirror::{CacheOp, MirrorId};
@@ -103,6 +104,50 @@ pub struct KvCache {
     /// and trims are logged under it for the workers' shards
     /// ([`crate::distributed::mirror`]).
     mirror: MirrorId,
+    /// Quantized keys and values in full-attention layers (`--kv-bits`):
+    /// their buffers hold packed rows `[1, H_kv, capacity, P]` `uint32`
+    /// ([`super::quant`]). Sliding-window layers stay in the compute dtype:
+    /// they hold at most `window + ROLLBACK + STEP` positions whatever the
+    /// context, and mlx-lm's `RotatingKVCache` has no quantized form either.
+    quant: Option<KvQuant>,
+}
+
+/// What a layer's cache holds after a write, for attention to read: the
+/// valid prefix of its buffers.
+#[derive(Debug, Clone)]
+pub enum KvView {
+    /// Keys and values `[1, H_kv, S, D]` in the compute dtype.
+    Float(Array, Array),
+    /// Packed rows `[1, H_kv, S, P]` `uint32` of `quant`.
+    Quantized {
+        /// Packed keys.
+        keys: Array,
+        /// Packed values.
+        values: Array,
+        /// Their scheme.
+        quant: KvQuant,
+    },
+}
+
+impl KvView {
+    /// Keys and values `[1, H_kv, S, D]` in `dtype`, dequantized when
+    /// they are quantized (lazy: a full copy of the prefix, for the paths
+    /// that amortize it over many queries, e.g. a prefill chunk).
+    ///
+    /// Errors: MLX errors.
+    pub fn float(self, head_dim: usize, dtype: Dtype) -> Result<(Array, Array)> {
+        match self {
+            KvView::Float(k, v) => Ok((k, v)),
+            KvView::Quantized {
+                keys,
+                values,
+                quant,
+            } => Ok((
+                quant.unpack(&keys, head_dim, dtype)?,
+                quant.unpack(&values, head_dim, dtype)?,
+            )),
+        }
+    }
 }
 
 impl Clone for KvCache {
@@ -124,6 +169,7 @@ impl Clone for KvCache {
             slab: None,
             states: self.states.clone(),
             mirror: self.mirror.clone(),
+            quant: self.quant,
         }
     }
 }
@@ -158,6 +204,30 @@ impl KvCache {
                 .contains(&LayerKind::Recurrent)
                 .then(|| RowStates::new(kinds.len())),
             mirror: MirrorId::fresh(),
+            quant: None,
+        }
+    }
+
+    /// This cache with its full-attention layers quantized by `quant`
+    /// (`None`: float). Set before the first write (or on a cache whose
+    /// buffers were restored in that scheme).
+    pub fn with_quant(mut self, quant: Option<KvQuant>) -> Self {
+        self.quant = quant;
+        self
+    }
+
+    /// The scheme the full-attention layers are quantized with (`None`:
+    /// float).
+    pub fn quant(&self) -> Option<KvQuant> {
+        self.quant
+    }
+
+    /// The scheme `layer` is stored in: the cache's for a full-attention
+    /// layer, `None` (float) for the other kinds.
+    pub fn layer_quant(&self, layer: usize) -> Option<KvQuant> {
+        match self.layers.get(layer).map(|l| l.kind) {
+            Some(LayerKind::Full) => self.quant,
+            _ => None,
         }
     }
 
@@ -208,6 +278,7 @@ impl KvCache {
                 (false, _) => None,
             },
             mirror: MirrorId::fresh(),
+            quant: None,
         }
     }
 
@@ -421,7 +492,38 @@ impl KvCache {
     /// For a sliding-window layer the returned arrays hold positions
     /// `[layer_start, offset + T)` (read [`KvCache::layer_start`] after the
     /// call); the caller masks what lies outside each query's window.
+    ///
+    /// A quantized layer returns its prefix dequantized (a copy: attention
+    /// reads [`KvCache::update_view`] instead).
     pub fn update(&mut self, layer: usize, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        let (d, dtype) = (keys.shape()[3] as usize, keys.dtype());
+        self.update_view(layer, keys, values)?.float(d, dtype)
+    }
+
+    /// [`KvCache::update`], returning what the layer holds as it is stored:
+    /// packed rows for a quantized layer (the new keys and values are
+    /// quantized as they are written).
+    pub fn update_view(&mut self, layer: usize, keys: &Array, values: &Array) -> Result<KvView> {
+        match self.layer_quant(layer) {
+            Some(quant) => {
+                let (k, v) = self.write(layer, &quant.pack(keys)?, &quant.pack(values)?)?;
+                Ok(KvView::Quantized {
+                    keys: k,
+                    values: v,
+                    quant,
+                })
+            }
+            None => {
+                let (k, v) = self.write(layer, keys, values)?;
+                Ok(KvView::Float(k, v))
+            }
+        }
+    }
+
+    /// Writes rows `[1, H_kv, T, W]` as stored (floats, or packed rows) at
+    /// positions `[offset, offset + T)` and returns the buffers' valid
+    /// prefix.
+    fn write(&mut self, layer: usize, keys: &Array, values: &Array) -> Result<(Array, Array)> {
         self.detach();
         let t = keys.shape()[2] as usize;
         let end = self.offset + t;
@@ -453,13 +555,32 @@ impl KvCache {
     /// Errors: [`ModelError::Tensor`] when the layer was not written up to
     /// `offset + t` (a shared layer ahead of its source layer).
     pub fn written(&mut self, layer: usize, t: usize) -> Result<(Array, Array)> {
+        let view = self.written_view(layer, t)?;
+        let d = match &view {
+            KvView::Quantized { keys, quant, .. } => quant.head_dim_of(keys.shape()[3] as usize),
+            KvView::Float(k, _) => k.shape()[3] as usize,
+        };
+        view.float(d, Dtype::Float32)
+    }
+
+    /// [`KvCache::written`] as stored (packed rows for a quantized layer).
+    pub fn written_view(&mut self, layer: usize, t: usize) -> Result<KvView> {
         self.detach();
         let end = self.offset + t;
+        let quant = self.layer_quant(layer);
         let slot = &self.layers[layer];
         match (slot.keys.as_ref(), slot.values.as_ref()) {
             (Some(k), Some(v)) if end - slot.start <= slot.capacity() => {
                 let e = (end - slot.start) as i32;
-                Ok((k.index((.., .., ..e, ..)), v.index((.., .., ..e, ..))))
+                let (keys, values) = (k.index((.., .., ..e, ..)), v.index((.., .., ..e, ..)));
+                Ok(match quant {
+                    Some(quant) => KvView::Quantized {
+                        keys,
+                        values,
+                        quant,
+                    },
+                    None => KvView::Float(keys, values),
+                })
             }
             _ => Err(ModelError::Tensor {
                 name: format!("KV cache layer {layer}"),
@@ -499,12 +620,21 @@ impl KvCache {
     }
 
     /// Makes `layer`'s buffers hold at least `end` positions (allocating
-    /// them shaped like `like: [1, H_kv, _, D]` on first use) and takes them
-    /// out of the cache, for an op that writes them and hands back new ones
-    /// ([`KvCache::put_layer`]).
+    /// them shaped like `like: [1, H_kv, _, D]` on first use, or like its
+    /// packed rows `[1, H_kv, _, P]` `uint32` for a quantized layer) and
+    /// takes them out of the cache, for an op that writes them and hands
+    /// back new ones ([`KvCache::put_layer`]).
     pub fn take_layer(&mut self, layer: usize, end: usize, like: &Array) -> Result<(Array, Array)> {
         self.detach();
-        self.reserve(layer, end, like)?;
+        match self.layer_quant(layer) {
+            Some(q) => {
+                let s = like.shape();
+                let words = q.row_words(s[3] as usize) as i32;
+                let packed = ops::zeros_dtype(&[s[0], s[1], 1, words], Dtype::Uint32)?;
+                self.reserve(layer, end, &packed)?;
+            }
+            None => self.reserve(layer, end, like)?,
+        }
         let slot = &mut self.layers[layer];
         match (slot.keys.take(), slot.values.take()) {
             (Some(k), Some(v)) => Ok((k, v)),
@@ -789,6 +919,43 @@ mod tests {
         emptied.truncate(min - 1);
         assert_eq!(emptied.offset(), 0);
         assert_eq!(emptied.min_resume(), 0);
+        Ok(())
+    }
+
+    /// A quantized cache stores MLX's packed rows in its full layers (the
+    /// sliding-window layer stays float), reads them back as written, and
+    /// keeps its scheme through clones, trims and compaction.
+    #[test]
+    fn quantized_full_layers_store_packed_rows() -> Result<()> {
+        let quant = KvQuant::new(4, 32).expect("a scheme");
+        let mut cache =
+            KvCache::with_kinds(&[LayerKind::Full, LayerKind::SlidingWindow { window: 8 }])
+                .with_quant(Some(quant));
+        mlx_rs::random::seed(2)?;
+        let x = mlx_rs::random::normal::<f32>(&[1, 2, 5, 64], None, None, None)?;
+        let view = cache.update_view(0, &x, &x)?;
+        let KvView::Quantized { keys, .. } = &view else {
+            panic!("a full layer of a quantized cache is quantized");
+        };
+        assert_eq!(keys.shape(), &[1, 2, 5, quant.row_words(64) as i32]);
+        assert!(matches!(cache.update_view(1, &x, &x)?, KvView::Float(..)));
+        cache.advance(5);
+        let want = quant.unpack(&quant.pack(&x)?, 64, Dtype::Float32)?;
+        let (k, _) = cache.written(0, 0)?;
+        let err = ops::abs(&ops::subtract(&k, &want)?)?
+            .max(None)?
+            .item_exact::<f32>();
+        assert_eq!(err, 0.0);
+        let mut copy = cache.clone();
+        copy.truncate(3);
+        copy.compact()?;
+        assert_eq!(copy.quant(), Some(quant));
+        assert_eq!(copy.layer_buffers()[0].map(|(k, _)| k.shape()[2]), Some(3));
+        // The decode op's buffers are packed too.
+        let like = ops::zeros::<f32>(&[1, 2, 1, 64])?;
+        let (kb, _) = cache.take_layer(0, 6, &like)?;
+        assert_eq!(kb.dtype(), Dtype::Uint32);
+        assert_eq!(kb.shape()[3], quant.row_words(64) as i32);
         Ok(())
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod kv;
 pub mod prompt;
+pub mod quant;
 pub mod responses;
 pub mod slab;
 pub mod ssd;
@@ -13,6 +14,7 @@ pub mod tiers;
 
 pub use kv::{KvCache, KvShape, LayerKind};
 pub use prompt::{PromptCache, PromptCacheStats};
+pub use quant::{KvQuant, KvQuantError};
 pub use responses::{ResponseStore, ResponseStoreConfig};
 pub use ssd::{SsdCache, SsdCacheStats, SsdConfig};
 pub use tiers::PrefixCache;

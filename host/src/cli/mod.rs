@@ -10,6 +10,7 @@ mod models;
 mod plugins;
 mod score;
 mod serve;
+mod tensor_parallel;
 mod tp_worker;
 
 use std::path::PathBuf;
@@ -65,6 +66,14 @@ pub struct ModelArgs {
     /// activations, mlx-lm's numerics), `float32`.
     #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
     pub dtype: DtypeArg,
+    /// Quantize the KV cache's keys and values to 8 or 4 bits (MLX affine
+    /// quantization along the head dimension, as mlx-lm's
+    /// `QuantizedKVCache`; full-attention layers only). Default: float.
+    #[arg(long, value_name = "BITS")]
+    pub kv_bits: Option<u32>,
+    /// Elements sharing one scale and bias with `--kv-bits` (32, 64 or 128).
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub kv_group_size: u32,
 }
 
 impl ModelArgs {
@@ -86,28 +95,20 @@ impl ModelArgs {
         model::catalog::find(&m.to_string_lossy()).map(|k| k.name)
     }
 
+    /// The KV scheme `--kv-bits`/`--kv-group-size` ask for (`None`:
+    /// float). Errors: a value outside the schemes, naming the flag.
+    pub fn kv_quant(&self) -> anyhow::Result<Option<mlxhost::cache::KvQuant>> {
+        match self.kv_bits {
+            None => Ok(None),
+            Some(bits) => Ok(Some(mlxhost::cache::KvQuant::new(
+                bits,
+                self.kv_group_size,
+            )?)),
+        }
+    }
+
     /// Loads the model, with a spinner on stderr.
     pub fn load(&self, keep_tensors: bool) -> anyhow::Result<model::LoadedModel> {
-        let path = self.path()?;
-        let spinner = indicatif::ProgressBar::new_spinner();
-        spinner.set_message(format!("loading {}", path.display()));
-        spinner.enable_steady_tick(std::time::Duration::from_millis(120));
-        let started = std::time::Instant::now();
-        let loaded = model::load(
-            &path,
-            &model::LoadOptions {
-                dtype: self.dtype,
-                keep_tensors,
-            },
-        );
-        spinner.finish_and_clear();
-        let loaded = loaded.map_err(|e| {
-            if self.model.is_none() && matches!(e, model::ModelError::MissingFile(_)) {
-                anyhow::anyhow!("{e}\n  (the default model is installed by scripts/setup.sh; or pass --model PATH)")
-            } else {
-                anyhow::anyhow!("{e}")
-            }
-        })?;
         self.load_with(keep_tensors, None)
     }
 
@@ -118,9 +119,34 @@ impl ModelArgs {
         keep_tensors: bool,
         tensor_parallel: Option<std::sync::Arc<mlxhost::distributed::Group>>,
     ) -> anyhow::Result<model::LoadedModel> {
+        let path = self.path()?;
+        let spinner = indicatif::ProgressBar::new_spinner();
+        spinner.set_message(format!("loading {}", path.display()));
+        spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+        let started = std::time::Instant::now();
+        let loaded = model::load(
+            &path,
+            &model::LoadOptions {
+                dtype: self.dtype,
+                keep_tensors,
+                tensor_parallel,
+            },
+        );
+        spinner.finish_and_clear();
+        // The flags are checked before the model's head dimension is.
+        let quant = self.kv_quant()?;
+        let loaded = loaded.map_err(|e| {
+            if self.model.is_none() && matches!(e, model::ModelError::MissingFile(_)) {
+                anyhow::anyhow!("{e}\n  (the default model is installed by scripts/setup.sh; or pass --model PATH)")
+            } else {
+                anyhow::anyhow!("{e}")
+            }
+        })?;
+        let loaded = model::quantized_kv::with_kv_quant(loaded, quant)?;
         tracing::info!(
             path = %path.display(),
             compute = ?loaded.compute,
+            kv = quant.map(|q| q.name()).unwrap_or_else(|| "float".into()),
             backend = mlxhost::runtime::backend_name(),
             weights_mib = loaded.model.nbytes() / (1 << 20),
             ms = started.elapsed().as_millis() as u64,
@@ -128,7 +154,6 @@ impl ModelArgs {
         );
         Ok(loaded)
     }
-                tensor_parallel,
 }
 
 /// Parses arguments, runs the command, maps errors to exit code 1 with the
@@ -205,6 +230,7 @@ pub fn run() -> std::process::ExitCode {
         Command::Serve(a) => serve::run(*a),
         Command::Plugins(c) => plugins::run(c),
         Command::Models(a) => models::run(a),
+        Command::TpWorker(a) => tp_worker::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -214,4 +240,3 @@ pub fn run() -> std::process::ExitCode {
         }
     }
 }
-        Command::TpWorker(a) => tp_worker::run(a),

@@ -189,11 +189,13 @@ pub fn validate(model: &LoadedModel, req: &GenerateRequest) -> Result<(), Genera
 }
 
 /// The KV scheme a cache entry was computed under (cache namespace): KV
-/// from one compute path never seeds another.
+/// from one compute path, or one KV quantization (`--kv-bits`), never
+/// seeds another.
 pub fn kv_namespace(model: &LoadedModel) -> String {
+    let kv = crate::model::quantized_kv::scheme_suffix(model.model.as_ref());
     match &model.merged_lora {
-        None => format!("{:?}", model.compute),
-        Some(f) => format!("{:?}+merged:{f}", model.compute),
+        None => format!("{:?}{kv}", model.compute),
+        Some(f) => format!("{:?}{kv}+merged:{f}", model.compute),
     }
 }
 

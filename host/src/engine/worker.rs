@@ -663,6 +663,7 @@ fn open_ssd(model: &LoadedModel, cfg: &SsdConfig) -> Result<SsdCache, String> {
             shapes: model.model.kv_shapes(),
             dtype: model.model.dtype(),
             kinds: model.model.new_cache().kinds(),
+            quant: model.model.new_cache().quant(),
         },
     };
     let ssd = SsdCache::open(cfg, identity).map_err(|e| e.to_string())?;

@@ -92,6 +92,66 @@ pub fn decode_attention(
     Ok((out, new_k.into_iter().zip(new_v).collect()))
 }
 
+/// [`decode_attention`] over quantized caches (`--kv-bits`): `k`/`v: [R,
+/// H_kv, 1, D]` are quantized here (MLX's `quantize`, the numbers every
+/// other path stores) and written as packed rows into `caches[r]`: `[1,
+/// H_kv, capacity, P]` `uint32` of `quant` ([`crate::cache::quant`]); the
+/// op attends by reading the packed rows. Returns `[R, H, 1, D]` and every
+/// row's buffers after the write (lazy; the same storage).
+///
+/// Errors: shapes, dtypes or a scheme that do not fit.
+pub fn decode_attention_quantized(
+    quant: &crate::cache::KvQuant,
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    caches: Vec<(Array, Array)>,
+    positions: &[i32],
+    scale: f32,
+) -> Result<(Array, Vec<(Array, Array)>)> {
+    let rows = positions.len();
+    if caches.len() != rows || q.shape().first() != Some(&(rows as i32)) {
+        return Err(Exception::custom(format!(
+            "quantized decode attention: {rows} positions, {} caches, q of shape {:?}",
+            caches.len(),
+            q.shape()
+        ))
+        .into());
+    }
+    let (kp, vp) = (quant.pack(k)?, quant.pack(v)?);
+    let keys: Vec<mlx_sys::mlx_array> = caches.iter().map(|(k, _)| k.as_ptr()).collect();
+    let values: Vec<mlx_sys::mlx_array> = caches.iter().map(|(_, v)| v.as_ptr()).collect();
+    let (status, out, new_k, new_v) = call_row_cache_op(rows, |out, new_k, new_v| {
+        // SAFETY: as in `decode_attention`: fresh output handles, inputs
+        // borrowed for the whole call.
+        unsafe {
+            mlx_sys::mlxhost_decode_attention_quant(
+                out,
+                new_k,
+                new_v,
+                q.as_ptr(),
+                kp.as_ptr(),
+                vp.as_ptr(),
+                keys.as_ptr(),
+                values.as_ptr(),
+                positions.as_ptr(),
+                rows as i32,
+                scale,
+                quant.bits as i32,
+                quant.group_size as i32,
+            )
+        }
+    });
+    drop(caches);
+    if status != 0 {
+        return Err(Exception::custom(
+            "quantized decode attention: the batched op rejected its inputs (shapes, dtypes, scheme or positions)",
+        )
+        .into());
+    }
+    Ok((out, new_k.into_iter().zip(new_v).collect()))
+}
+
 /// Runs an op of ours that returns one array plus every row's key and value
 /// buffers (`call(out, new_keys, new_values)`, given `rows` fresh handles
 /// each) and wraps what it filled. Returns the op's status, the array and
@@ -201,6 +261,78 @@ mod tests {
                 let got = out.index(r..r + 1).as_dtype(mlx_rs::Dtype::Float32)?;
                 let err = same(&got, &want)?;
                 assert!(err < tol, "{dtype:?} row {r}: max error {err}");
+            }
+        }
+        Ok(())
+    }
+
+    /// The quantized op writes MLX's packed rows of the new keys and values
+    /// at each row's position and attends like mlx-lm's quantized SDPA
+    /// over the same packed caches.
+    #[test]
+    fn quantized_op_matches_quantized_sdpa() -> Result<()> {
+        use crate::cache::{quant::quantized_sdpa, KvQuant};
+        use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
+        let (h, hkv, d, cap) = (6, 2, 64, 24);
+        let positions = [0i32, 9, 23];
+        let rows = positions.len() as i32;
+        mlx_rs::random::seed(4)?;
+        let normal = |shape: &[i32]| mlx_rs::random::normal::<f32>(shape, None, None, None);
+        for bits in [8, 4] {
+            let quant = KvQuant::new(bits, 32).expect("a scheme");
+            let p = quant.row_words(d as usize) as i32;
+            let q = normal(&[rows, h, 1, d])?;
+            let (k, v) = (normal(&[rows, hkv, 1, d])?, normal(&[rows, hkv, 1, d])?);
+            let caches: Vec<(Array, Array)> = (0..rows)
+                .map(|_| {
+                    Ok((
+                        quant.pack(&normal(&[1, hkv, cap, d])?)?,
+                        quant.pack(&normal(&[1, hkv, cap, d])?)?,
+                    ))
+                })
+                .collect::<Result<_>>()?;
+            eval(caches.iter().flat_map(|(a, b)| [a, b]).chain([&q, &k, &v]))?;
+            let mut want = Vec::new();
+            for (r, &pos) in positions.iter().enumerate() {
+                let ri = r as i32;
+                let (mut kc, mut vc) = (caches[r].0.deep_clone(), caches[r].1.deep_clone());
+                kc.try_index_mut(
+                    (.., .., pos..pos + 1, ..),
+                    quant.pack(&k.index(ri..ri + 1))?,
+                )?;
+                vc.try_index_mut(
+                    (.., .., pos..pos + 1, ..),
+                    quant.pack(&v.index(ri..ri + 1))?,
+                )?;
+                let o = quantized_sdpa(
+                    &quant,
+                    &q.index(ri..ri + 1),
+                    &kc.index((.., .., ..pos + 1, ..)),
+                    &vc.index((.., .., ..pos + 1, ..)),
+                    0.125,
+                )?;
+                eval([&kc, &vc, &o])?;
+                want.push((kc, vc, o));
+            }
+            let (out, new) =
+                decode_attention_quantized(&quant, &q, &k, &v, caches, &positions, 0.125)?;
+            eval(std::iter::once(&out).chain(new.iter().flat_map(|(a, b)| [a, b])))?;
+            for (r, (kc, vc, o)) in want.iter().enumerate() {
+                assert_eq!(new[r].0.shape(), &[1, hkv, cap, p]);
+                let same = |a: &Array, b: &Array| -> Result<bool> { Ok(a.eq_values(b)?) };
+                assert!(
+                    same(&new[r].0, kc)?,
+                    "{bits} bits row {r}: keys written wrongly"
+                );
+                assert!(
+                    same(&new[r].1, vc)?,
+                    "{bits} bits row {r}: values written wrongly"
+                );
+                let ri = r as i32;
+                let err = ops::abs(&ops::subtract(out.index(ri..ri + 1), o)?)?
+                    .max(None)?
+                    .item_exact::<f32>();
+                assert!(err < 2e-5, "{bits} bits row {r}: max error {err}");
             }
         }
         Ok(())

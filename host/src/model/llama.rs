@@ -263,7 +263,10 @@ impl Llama {
         // Rows with an adapter too: the op adds their deltas after each
         // product.
         if let Some(fused) = &self.fused_decode {
-            if !rows.is_empty() && rows.iter().all(|r| r.tokens.len() == 1) {
+            // The fused op reads float caches only: quantized rows take the
+            // per-layer path and its quantized decode op.
+            let float_kv = rows.iter().all(|r| r.cache.quant().is_none());
+            if !rows.is_empty() && float_kv && rows.iter().all(|r| r.tokens.len() == 1) {
                 return self.forward_fused_decode(fused, rows, device_ids);
             }
         }
@@ -309,10 +312,10 @@ impl Llama {
                 }
                 Mlp::Sparse(moe) => moe.forward(&x)?,
             };
+            let down = self.tp_sum(down)?;
             // The residual add and the next layer's input norm, as one kernel
             // where fused; the last layer's norm is the head's.
             match self.layers.get(l + 1) {
-            let down = self.tp_sum(down)?;
                 Some(next) => (h, x) = add_rms_norm(&h, &down, &next.input_norm, eps, fused)?,
                 None => h = ops::add(&h, &down)?,
             }
@@ -321,9 +324,6 @@ impl Llama {
         for (row, &t) in rows.iter_mut().zip(&lens) {
             row.cache.advance(t);
         }
-        self.head(&h, rows, &lens)
-    }
-
         if let Some(group) = &self.tp {
             // Every rank evaluates the same graph (the stream and every
             // row's cache) here, so the collectives in it pair up; what
@@ -337,9 +337,9 @@ impl Llama {
                 return Ok(ragged::no_logits(rows.len(), vocab));
             }
         }
-    /// The MLP's activation `silu(gate) * up` of `x: [N, E]` -> `[N, I]`:
-    /// one fused CUDA kernel over the fused gate/up product where `fused`
-    /// ([`cuda_fused::available`]), one CPU op over it on the CPU backend
+        self.head(&h, rows, &lens)
+    }
+
     /// `x` summed over the tensor-parallel ranks (a row-parallel product's
     /// partial sums); `x` itself on one rank.
     fn tp_sum(&self, x: Array) -> Result<Array> {
@@ -349,6 +349,9 @@ impl Llama {
         }
     }
 
+    /// The MLP's activation `silu(gate) * up` of `x: [N, E]` -> `[N, I]`:
+    /// one fused CUDA kernel over the fused gate/up product where `fused`
+    /// ([`cuda_fused::available`]), one CPU op over it on the CPU backend
     /// ([`cpu_swiglu`]), else MLX's ops.
     fn swiglu(&self, mlp: &DenseMlp, x: &Array, fused: bool) -> Result<Array> {
         if fused {
@@ -437,6 +440,14 @@ impl Llama {
     /// more takes its KV back out of the slab first.
     fn begin_slab_step(&self, rows: &mut [RowInput<'_>]) -> Result<Option<SlabStep<'_>>> {
         if !slab::enabled() {
+            return Ok(None);
+        }
+        // The slab holds float rows: quantized rows (`--kv-bits`) keep their
+        // own buffers and attend per row over their packed rows.
+        if rows.iter().any(|r| r.cache.quant().is_some()) {
+            for row in rows.iter_mut() {
+                row.cache.detach();
+            }
             return Ok(None);
         }
         let lens: Vec<usize> = rows
@@ -720,8 +731,20 @@ impl Llama {
             positions.push(pos as i32);
         }
         let scale = 1.0 / (d as f32).sqrt();
-        let (out, updated) =
-            super::decode_attention::decode_attention(&qd, &kd, &vd, caches, &positions, scale)?;
+        // Every row of a model shares its cache scheme (`--kv-bits`).
+        let quant = rows
+            .iter()
+            .zip(lens)
+            .find(|(_, &t)| t == 1)
+            .and_then(|(r, _)| r.cache.layer_quant(l));
+        let (out, updated) = match &quant {
+            Some(quant) => super::decode_attention::decode_attention_quantized(
+                quant, &qd, &kd, &vd, caches, &positions, scale,
+            )?,
+            None => {
+                super::decode_attention::decode_attention(&qd, &kd, &vd, caches, &positions, scale)?
+            }
+        };
         for ((row, _), (kb, vb)) in rows
             .iter_mut()
             .zip(lens)

@@ -28,6 +28,7 @@ pub mod lora;
 pub mod moe;
 pub mod mxfp4;
 pub mod prefill_attention;
+pub mod quantized_kv;
 pub mod qwen3_5;
 pub mod ragged;
 pub mod strftime;
@@ -141,10 +142,10 @@ pub struct LoadOptions {
     pub dtype: DtypeArg,
     /// Keep the checkpoint tensors in [`LoadedModel::source_tensors`].
     pub keep_tensors: bool,
-}
     /// Load only this rank's shard of the weights and run as that rank of
     /// the group (`serve --tensor-parallel`, [`crate::distributed`]).
     pub tensor_parallel: Option<std::sync::Arc<crate::distributed::Group>>,
+}
 
 /// The default model: SmolLM2-135M-Instruct as installed by
 /// `scripts/setup.sh` under the cache directory.

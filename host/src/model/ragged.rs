@@ -13,6 +13,7 @@ use mlx_rs::{
 
 use super::error::{ModelError, Result};
 use super::llama::RowInput;
+use crate::cache::kv::KvView;
 use crate::cache::{KvCache, LayerKind};
 
 /// The rows' new tokens packed in row order.
@@ -197,9 +198,23 @@ pub fn attend_row_kv(
 ) -> Result<Array> {
     let (heads, t, d) = (q.shape()[1], q.shape()[2], q.shape()[3]);
     let offset = cache.offset();
-    let (keys, values) = match kv {
-        Some((k, v)) => cache.update(l, k, v)?,
-        None => cache.written(l, t as usize)?,
+    let view = match kv {
+        Some((k, v)) => cache.update_view(l, k, v)?,
+        None => cache.written_view(l, t as usize)?,
+    };
+    let (keys, values) = match view {
+        // One query over a quantized (full) layer: read the packed rows
+        // (mlx-lm's quantized SDPA), no dequantized copy per step.
+        KvView::Quantized {
+            keys,
+            values,
+            quant,
+        } if t == 1 && sinks.is_none() => {
+            let o = crate::cache::quant::quantized_sdpa(&quant, q, &keys, &values, scale)?;
+            return Ok(o.reshape(&[1, heads * d])?);
+        }
+        // A prefill chunk: one dequantized copy, shared by its T queries.
+        view => view.float(d as usize, q.dtype())?,
     };
     let tiled = sinks.is_none() && super::prefill_attention::applies(q, &keys);
     if kind == LayerKind::Full && t > 1 && tiled {

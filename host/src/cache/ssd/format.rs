@@ -1,11 +1,11 @@
-//! The SSD cache file format, version 3: one file per cache entry (the KV
+//! The SSD cache file format, version 4: one file per cache entry (the KV
 //! of one token sequence), laid out so a restore can `mmap` it and hand
 //! each tensor's bytes to MLX without a copy.
 //!
 //! ```text
 //! offset  size  field
 //! 0       8     magic  b"MLXHKV\r\n" (the CR-LF catches text-mode mangling, as PNG's does)
-//! 8       4     format version, u32 little-endian (this build writes 3, reads 1 to 3)
+//! 8       4     format version, u32 little-endian (this build writes 4, reads 1 to 4)
 //! 12      4     header length H in bytes, u32 little-endian
 //! 16      16    XXH3-128 of the header bytes, little-endian
 //! 32      H     header: UTF-8 JSON (see [`Header`])
@@ -21,7 +21,10 @@
 //! may trim the entry; `"hybrid"`, new in version 3: some layers are
 //! recurrent-state layers (gated DeltaNet), stored as their states at each
 //! of `state_positions`, the only lengths a restore may trim the entry
-//! to), the token ids the KV holds, the file's total
+//! to); version 4 adds quantized entries (`--kv-bits`, `cache::quant`):
+//! the full-attention layers' tensors are `uint32` packed rows `[1, H_kv,
+//! T, P]` and the key's `kv_scheme` names the scheme (`q8g64`), so an entry
+//! of one scheme never restores under another), the token ids the KV holds, the file's total
 //! length (a truncated file never passes), and per tensor its dtype, shape,
 //! offset, length and XXH3-128 hash. The header is always verified; tensor
 //! hashes only when asked (`--ssd-cache-verify`), since that reads every
@@ -36,8 +39,8 @@ use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 /// The first eight bytes of every cache file.
 pub const MAGIC: [u8; 8] = *b"MLXHKV\r\n";
 /// The format version this build writes (3: `hybrid` entries and
-/// `state_positions`).
-pub const VERSION: u32 = 3;
+/// `state_positions`; 4: quantized KV, `uint32` tensors).
+pub const VERSION: u32 = 4;
 /// The oldest format version this build still reads (version 1: full
 /// caches only, no `layer_starts`; its files load unchanged).
 pub const OLDEST_READABLE: u32 = 1;

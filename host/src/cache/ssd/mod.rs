@@ -402,9 +402,11 @@ impl SsdCache {
         }
         let dtype = restore::dtype_name(self.identity.geometry.dtype).unwrap_or("?");
         let state = |t: &PreparedTensor| t.name.contains(".ssm@");
+        // Quantized layers' packed rows are uint32 (`cache::quant`).
+        let packed = |t: &PreparedTensor| geometry.quant.is_some() && t.dtype == "uint32";
         if tensors
             .iter()
-            .any(|t| t.dtype != dtype && !(state(t) && t.dtype == "float32"))
+            .any(|t| t.dtype != dtype && !(state(t) && t.dtype == "float32") && !packed(t))
         {
             return Err(SsdError::Dtype(self.identity.geometry.dtype));
         }

@@ -16,7 +16,7 @@ use mlx_rs::{Array, Dtype};
 
 use super::format::{self, EntryKey, EntryLayout, FormatError, Header};
 use crate::cache::state::{LayerState, RowStates};
-use crate::cache::{KvCache, KvShape, LayerKind};
+use crate::cache::{KvCache, KvQuant, KvShape, LayerKind};
 
 /// The KV layout the running model expects (every restored tensor is
 /// checked against it).
@@ -30,6 +30,9 @@ pub struct KvGeometry {
     pub dtype: Dtype,
     /// Each cache layer's kind (as many as `shapes`).
     pub kinds: Vec<LayerKind>,
+    /// The full-attention layers' KV quantization (`--kv-bits`; `None`:
+    /// float): their tensors are `uint32` packed rows `[1, H_kv, T, P]`.
+    pub quant: Option<KvQuant>,
 }
 
 impl KvGeometry {
@@ -53,6 +56,15 @@ impl KvGeometry {
     /// The layers' kinds for the KV-scheme part of the cache key: `full`,
     /// or each run of equal kinds as `<kind>*<count>` joined by `,`.
     pub fn kinds_scheme(&self) -> String {
+        let kinds = self.kind_runs();
+        match self.quant {
+            Some(q) => format!("{kinds}/{}", q.name()),
+            None => kinds,
+        }
+    }
+
+    /// [`KvGeometry::kinds_scheme`] without the quantization.
+    fn kind_runs(&self) -> String {
         if self.kind_name() == "full" {
             return "full".into();
         }
@@ -121,6 +133,7 @@ pub fn dtype_name(dtype: Dtype) -> Option<&'static str> {
         Dtype::Float32 => Some("float32"),
         Dtype::Float16 => Some("float16"),
         Dtype::Bfloat16 => Some("bfloat16"),
+        Dtype::Uint32 => Some("uint32"),
         _ => None,
     }
 }
@@ -131,6 +144,7 @@ fn dtype_of(name: &str) -> Option<Dtype> {
         "float32" => Some(Dtype::Float32),
         "float16" => Some(Dtype::Float16),
         "bfloat16" => Some(Dtype::Bfloat16),
+        "uint32" => Some(Dtype::Uint32),
         _ => None,
     }
 }
@@ -291,7 +305,8 @@ pub fn load(
     };
     let starts = layer_starts(&header, geometry.layers());
     Ok((
-        KvCache::from_layer_parts(layers, &geometry.kinds, &starts, n, states),
+        KvCache::from_layer_parts(layers, &geometry.kinds, &starts, n, states)
+            .with_quant(geometry.quant),
         header.tokens,
     ))
 }
@@ -391,8 +406,16 @@ fn check_layout(
                 let Some(kv) = geometry.shapes.get(l) else {
                     return false;
                 };
-                let shape = [1, kv.kv_heads as u64, held, kv.head_dim as u64];
-                t.dtype == dtype && t.shape == shape
+                match (geometry.kinds[l], geometry.quant) {
+                    (LayerKind::Full, Some(q)) => {
+                        let words = q.row_words(kv.head_dim) as u64;
+                        t.dtype == "uint32" && t.shape == [1, kv.kv_heads as u64, held, words]
+                    }
+                    _ => {
+                        t.dtype == dtype
+                            && t.shape == [1, kv.kv_heads as u64, held, kv.head_dim as u64]
+                    }
+                }
             }
         }
     };

@@ -26,6 +26,7 @@ fn identity(model: &str, tokenizer: &str, head_dim: usize) -> ModelIdentity {
             ],
             dtype: Dtype::Float32,
             kinds: vec![crate::cache::LayerKind::Full; LAYERS],
+            quant: None,
         },
     }
 }
