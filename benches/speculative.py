@@ -1,6 +1,7 @@
 """Speculative decoding benchmark client for benches/speculative.sh: one `mlxhost serve`, the
-same prompts with and without prompt lookup (`"speculative": {"drafter": "prompt-lookup"}` vs
-`"speculative": false`, so one server, one model load). Greedy, and the server runs without a
+same prompts without speculation and with each drafter (`"speculative": {"drafter": NAME}` vs
+`"speculative": false`, so one server, one model load; `draft-model` where the server has
+`--draft-model`). Greedy, and the server runs without a
 prompt cache (`--prompt-cache 0`, benches/speculative.sh), so both sides get the same prompts,
 prefill them whole and write the same replies.
 
@@ -12,13 +13,14 @@ stream's rate after its first token: tokens after the first / time from the firs
 to the last, summed over requests), with the server's drafted / accepted counters (/stats,
 `batch.speculative`).
 
-Without and with alternate (request by request at batch 1, round by round at concurrency 8),
-ROUNDS times, and each side's rounds are summed: a machine whose load changes meanwhile slows both
+Without and with each drafter alternate (request by request at batch 1, round by round at
+concurrency 8), ROUNDS times, and each mode's rounds are summed: a machine whose load changes meanwhile slows both
 alike.
 
 Usage: python speculative.py URL     Env: MAX_TOKENS (256), N1 (prompts per set at batch 1, 3),
-LEVELS ("1 8"), SETS ("code-edit free-text"), ROUNDS (2), DRAFTER (prompt-lookup), N_MAX (draft
-length bound; the server's when unset). Prints one JSON line per (set, level, mode), then a table
+LEVELS ("1 8"), SETS ("code-edit free-text"), ROUNDS (2), DRAFTERS (space-separated drafter
+names, "prompt-lookup"; DRAFTER, one name, is read where DRAFTERS is unset), N_MAX (draft length
+bound; the server's when unset). Prints one JSON line per (set, level, mode), then a table
 with the speed-ups.
 """
 import json
@@ -36,7 +38,7 @@ N1 = int(os.environ.get("N1", "3"))
 LEVELS = [int(x) for x in os.environ.get("LEVELS", "1 8").split()]
 SETS = os.environ.get("SETS", "code-edit free-text").split()
 ROUNDS = int(os.environ.get("ROUNDS", "2"))
-DRAFTER = os.environ.get("DRAFTER", "prompt-lookup")
+DRAFTERS = os.environ.get("DRAFTERS", os.environ.get("DRAFTER", "prompt-lookup")).split()
 N_MAX = os.environ.get("N_MAX")
 
 # A 60-line function in the style of real code (each line different), and the names a code-edit
@@ -116,12 +118,12 @@ def prompt(kind, i):
     return f"Write a short story about {TOPICS[i % len(TOPICS)]}."
 
 
-def body(kind, i, spec):
+def body(kind, i, drafter):
     b = {"model": "default_model", "messages": [{"role": "user", "content": prompt(kind, i)}],
          "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True,
          "stream_options": {"include_usage": True}}
-    if spec:
-        s = {"drafter": DRAFTER}
+    if drafter:
+        s = {"drafter": drafter}
         if N_MAX:
             s["n_max"] = int(N_MAX)
         b["speculative"] = s
@@ -136,14 +138,15 @@ def spec_stats(url):
     return s["drafted"], s["accepted"]
 
 
-def run_round(url, kind, level, spec, first_prompt=0):
-    """One round: at level 1 one request (prompt `first_prompt`), else `level` requests at once."""
+def run_round(url, kind, level, drafter, first_prompt=0):
+    """One round: at level 1 one request (prompt `first_prompt`), else `level` requests at once;
+    with `drafter` (None: no speculation)."""
     n = 1 if level == 1 else level
     results = [None] * n
     d0, a0 = spec_stats(url)
 
     def one(i):
-        first, last, usage, chunks = stream_chat(url, body(kind, first_prompt + i, spec))
+        first, last, usage, chunks = stream_chat(url, body(kind, first_prompt + i, drafter))
         tokens = usage["completion_tokens"] if usage else chunks
         decode = (last - first) if first is not None and last is not None else 0.0
         results[i] = (tokens, decode)
@@ -156,7 +159,7 @@ def run_round(url, kind, level, spec, first_prompt=0):
         t.join()
     wall = time.perf_counter() - t0
     d1, a1 = spec_stats(url)
-    return {"set": kind, "level": level, "mode": DRAFTER if spec else "none", "requests": n,
+    return {"set": kind, "level": level, "mode": drafter or "none", "requests": n,
             "completion_tokens": sum(r[0] for r in results), "wall_s": wall,
             "decode_tokens": sum(r[0] - 1 for r in results), "decode_s": sum(r[1] for r in results),
             "drafted": d1 - d0, "accepted": a1 - a0}
@@ -183,14 +186,15 @@ def main():
     rows = []
     for kind in SETS:
         for level in LEVELS:
-            runs = {False: [], True: []}
-            # Without and with alternate request by request at level 1, round by round at 8.
+            modes = [None] + DRAFTERS
+            runs = {m: [] for m in modes}
+            # The modes alternate request by request at level 1, round by round at 8.
             for _ in range(ROUNDS):
                 for i in range(N1 if level == 1 else 1):
-                    for spec in [False, True]:
-                        runs[spec].append(run_round(url, kind, level, spec, i))
-            for spec in [False, True]:
-                r = merge(runs[spec])
+                    for m in modes:
+                        runs[m].append(run_round(url, kind, level, m, i))
+            for m in modes:
+                r = merge(runs[m])
                 print(json.dumps(r), flush=True)
                 rows.append(r)
     print(f"\n{'set':10} {'level':>5} {'mode':>14} {'agg tok/s':>10} {'decode tok/s':>12} "

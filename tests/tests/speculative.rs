@@ -24,7 +24,10 @@ use mlxhost::engine::{
 };
 use mlxhost::model::{ChatMessage, LoadedModel};
 use mlxhost::plugin::{PluginHost, PluginLimits, SamplingParams, VocabView};
-use mlxhost_e2e::{installed_model, mlxhost_ok, model_path, plugin_folder_with, plugins_dir};
+use mlxhost_e2e::requests::greedy_request;
+use mlxhost_e2e::{
+    installed_model, mlxhost, mlxhost_ok, model_path, plugin_folder_with, plugins_dir,
+};
 
 /// Token ties closer than this may break either way between a one-token
 /// and a multi-token forward.
@@ -79,6 +82,13 @@ struct Fixture {
 }
 
 fn fixture(model: &Path) -> Fixture {
+    fixture_drafting(model, None)
+}
+
+/// [`fixture`] with `draft` as the target's draft model (loaded first, as
+/// `serve --draft-model` loads it).
+fn fixture_drafting(model: &Path, draft: Option<&Path>) -> Fixture {
+    let draft = draft.map(|d| mlxhost::model::load(d, &Default::default()).expect("draft loads"));
     let dir = plugin_folder_with(&[
         "standard",
         "mirostat",
@@ -88,7 +98,10 @@ fn fixture(model: &Path) -> Fixture {
         "prompt-lookup",
         "bad-drafter",
     ]);
-    let model = mlxhost::model::load(model, &Default::default()).expect("model loads");
+    let mut model = mlxhost::model::load(model, &Default::default()).expect("model loads");
+    if let Some(d) = draft {
+        mlxhost::engine::draft_model::attach(&mut model, d).expect("the draft model fits");
+    }
     let plugins = PluginHost::load_dir(dir.path(), PluginLimits::default()).expect("plugins load");
     plugins.set_vocab(Arc::new(VocabView::new(model.tokenizer.clone())));
     Fixture {
@@ -141,18 +154,9 @@ fn greedy() -> SamplingParams {
 
 fn request(prompt: Vec<u32>, max_tokens: usize, params: SamplingParams) -> GenerateRequest {
     GenerateRequest {
-        prompt_ids: prompt,
-        max_tokens,
-        stop: Vec::new(),
-        keep_special: false,
-        forced_choices: Vec::new(),
         params,
-        sampler: "standard".into(),
-        processors: Vec::new(),
-        plugin_params: serde_json::json!({}),
-        top_logprobs: 2,
         speculative: SpecRequest::off(),
-        lora: None,
+        ..greedy_request(&prompt, max_tokens, 2)
     }
 }
 
@@ -251,7 +255,13 @@ fn assert_same(want: &Record, got: &Record, what: &str) -> usize {
 }
 
 fn greedy_equal_on(model: &Path, max_tokens: usize) {
-    let f = fixture(model);
+    greedy_equal_with(model, None, "prompt-lookup", max_tokens);
+}
+
+/// Greedy output of ten prompts, each alone, with `drafter` (and `draft`
+/// as the draft model) equals greedy output without.
+fn greedy_equal_with(model: &Path, draft: Option<&Path>, drafter: &str, max_tokens: usize) {
+    let f = fixture_drafting(model, draft);
     let reqs: Vec<GenerateRequest> = prompts()
         .iter()
         .map(|p| request(chat_prompt(&f, p), max_tokens, greedy()))
@@ -259,7 +269,7 @@ fn greedy_equal_on(model: &Path, max_tokens: usize) {
     let (base, _) = alone(&f, &reqs);
     let spec: Vec<GenerateRequest> = reqs
         .iter()
-        .map(|r| drafting(r.clone(), "prompt-lookup", 8, serde_json::json!({})))
+        .map(|r| drafting(r.clone(), drafter, 8, serde_json::json!({})))
         .collect();
     let (got, stats) = alone(&f, &spec);
     for (i, (a, b)) in base.iter().zip(&got).enumerate() {
@@ -267,7 +277,7 @@ fn greedy_equal_on(model: &Path, max_tokens: usize) {
     }
     let s = &stats.speculative;
     eprintln!(
-        "{}: drafted {}, accepted {} ({:.0}%)",
+        "{} with {drafter}: drafted {}, accepted {} ({:.0}%)",
         model.display(),
         s.drafted,
         s.accepted,
@@ -275,7 +285,7 @@ fn greedy_equal_on(model: &Path, max_tokens: usize) {
     );
     assert!(
         s.accepted > 0,
-        "prompt lookup drafted nothing that was accepted: {s:?}"
+        "{drafter} drafted nothing that was accepted: {s:?}"
     );
     assert_eq!(s.drafter_failures, 0);
 }
@@ -417,4 +427,104 @@ fn generate_with_a_drafter_prints_the_same_text() {
     let without = run("none");
     assert!(without.contains("def "), "{without}");
     assert_eq!(run("prompt-lookup"), without);
+}
+
+/// The draft model: SmolLM2 drafting for itself (the same weights, so
+/// nearly every draft is accepted: the drafts are the target's own greedy
+/// tokens, up to a one-token versus multi-token forward's numerics).
+#[test]
+fn greedy_with_the_draft_model_equals_greedy_without_on_smollm2() {
+    let m = model_path();
+    greedy_equal_with(&m, Some(&m), "draft-model", 48);
+}
+
+/// Qwen2.5-Coder-0.5B drafting for itself (no smaller Qwen2.5 is
+/// installed here; the 1.5B target with the 0.5B draft is
+/// `greedy_with_the_0_5b_drafting_for_the_1_5b`).
+#[test]
+fn greedy_with_the_draft_model_equals_greedy_without_on_qwen_coder() {
+    let m = installed_model("qwen2.5-coder-0.5b");
+    greedy_equal_with(&m, Some(&m), "draft-model", 40);
+}
+
+/// The 1.5B target with the 0.5B drafting: only where the 1.5B is
+/// installed (`mlxhost models pull qwen2.5-coder-1.5b`); not in CI.
+#[test]
+#[ignore = "needs Qwen2.5-Coder-1.5B installed"]
+fn greedy_with_the_0_5b_drafting_for_the_1_5b() {
+    let target = installed_model("qwen2.5-coder-1.5b");
+    let draft = installed_model("qwen2.5-coder-0.5b");
+    greedy_equal_with(&target, Some(&draft), "draft-model", 40);
+}
+
+/// Rows drafting with the draft model, with prompt lookup and without
+/// drafts, batched (and with a stop string and logprobs), give each row's
+/// output alone; so do the draft-model rows alone.
+#[test]
+fn batched_rows_with_and_without_the_draft_model_equal_alone() {
+    let m = model_path();
+    let f = fixture_drafting(&m, Some(&m));
+    let p = |i: usize| chat_prompt(&f, &prompts()[i]);
+    let mut plain: Vec<GenerateRequest> = (0..8).map(|i| request(p(i), 32, greedy())).collect();
+    // A stop string inside what the draft model drafts.
+    plain[4].stop = vec!["lazy".into()];
+    let (base, _) = alone(&f, &plain);
+    let draft = |r: &GenerateRequest, k: usize| {
+        drafting(r.clone(), "draft-model", k, serde_json::json!({}))
+    };
+    let mixed = vec![
+        draft(&plain[0], 8),
+        plain[1].clone(),
+        draft(&plain[2], 4),
+        drafting(plain[3].clone(), "prompt-lookup", 4, serde_json::json!({})),
+        draft(&plain[4], 6),
+        draft(&plain[5], 2),
+        plain[6].clone(),
+        draft(&plain[7], 8),
+    ];
+    let (got, stats) = run(&f, &mixed, 8);
+    for (i, (a, b)) in base.iter().zip(&got).enumerate() {
+        assert_same(a, b, &format!("batched row {i}"));
+    }
+    let s = &stats.speculative;
+    assert!(s.accepted > 0, "{s:?}");
+    assert_eq!(s.drafter_failures, 0, "{s:?}");
+    let (solo, _) = alone(&f, &mixed);
+    for (i, (a, b)) in base.iter().zip(&solo).enumerate() {
+        assert_same(a, b, &format!("drafting row {i} alone"));
+    }
+}
+
+/// A draft model whose vocabulary is not the target's is refused, by the
+/// engine and by `serve`, with an error naming `--draft-model`.
+#[test]
+fn a_draft_model_of_another_vocabulary_is_a_clear_error() {
+    let target = mlxhost::model::load(&model_path(), &Default::default()).expect("loads");
+    let mut target = target;
+    let qwen = installed_model("qwen2.5-coder-0.5b");
+    let draft = mlxhost::model::load(&qwen, &Default::default()).expect("loads");
+    let e = mlxhost::engine::draft_model::attach(&mut target, draft)
+        .expect_err("SmolLM2 and Qwen2.5 share no tokenizer");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("--draft-model") && msg.contains("vocabulary"),
+        "{msg}"
+    );
+    assert!(target.draft.is_none());
+    let plugins = plugins_dir();
+    let out = mlxhost(&[
+        "serve",
+        "--plugins",
+        plugins.to_str().expect("path"),
+        "--port",
+        "0",
+        "--draft-model",
+        qwen.to_str().expect("path"),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "serve started: {stderr}");
+    assert!(
+        stderr.contains("--draft-model") && stderr.contains("vocabulary differs"),
+        "{stderr}"
+    );
 }

@@ -233,6 +233,13 @@ pub struct ServeArgs {
     /// it from its acceptance rate.
     #[arg(long, alias = "draft", value_name = "N", default_value_t = mlxhost::engine::speculative::DEFAULT_DRAFT_MAX)]
     draft_max: usize,
+    /// Speculative decoding with a draft model: a smaller model sharing
+    /// the target's tokenizer (a `.gguf` file, an MLX directory or a known
+    /// short name, loaded as `--model` is), run in the engine as the
+    /// `draft-model` drafter (`--drafter draft-model` makes it the
+    /// default). Its vocabulary is checked against the target's.
+    #[arg(long, value_name = "PATH")]
+    draft_model: Option<PathBuf>,
     /// Deadline per sampler call, ms.
     #[arg(long, default_value_t = 1000)]
     sampler_deadline_ms: u64,
@@ -419,7 +426,27 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     for s in &plugins.skipped {
         eprintln!("warning: plugin {} skipped: {}", s.dir.display(), s.reason);
     }
-    if args.drafter != "none" {
+    let draft_model_path = match &args.draft_model {
+        Some(p) if args.tensor_parallel > 1 => {
+            anyhow::bail!(
+                "--draft-model {}: not with --tensor-parallel yet (the draft model runs on one rank)",
+                p.display()
+            )
+        }
+        Some(p) => Some(
+            mlxhost::model::catalog::resolve(p)
+                .with_context(|| format!("--draft-model {}", p.display()))?,
+        ),
+        None => None,
+    };
+    if args.drafter == mlxhost::engine::draft_model::DRAFTER_NAME {
+        if draft_model_path.is_none() {
+            anyhow::bail!(
+                "--drafter {}: needs --draft-model PATH (the model that drafts)",
+                args.drafter
+            );
+        }
+    } else if args.drafter != "none" {
         if let Err(e) = plugins.get(&args.drafter, Kind::Drafter) {
             anyhow::bail!("--drafter {}: {e}", args.drafter);
         }
@@ -477,7 +504,24 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         });
     let lora_dir = args.lora_dir.clone();
     let lora_merge = args.lora_merge.clone();
+    let has_draft_model = draft_model_path.is_some();
     let load = Box::new(move || {
+        // The draft model loads first: loading sets process-wide numerics
+        // switches (the quantized prefill's precision) from the checkpoint,
+        // and the target's must win.
+        let draft = match &draft_model_path {
+            Some(p) => Some(
+                mlxhost::model::load(
+                    p,
+                    &mlxhost::model::LoadOptions {
+                        dtype: model_args.dtype,
+                        ..Default::default()
+                    },
+                )
+                .map_err(|e| format!("--draft-model {}: {e}", p.display()))?,
+            ),
+            None => None,
+        };
         let group = cluster.as_ref().map(|c| c.group.clone());
         let mut m = model_args
             .load_with(false, group)
@@ -485,6 +529,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         if let Some(c) = cluster.take() {
             c.wait_ready().map_err(|e| e.to_string())?;
             m.model = Box::new(mlxhost::distributed::lm::DistributedLm::new(m.model, c));
+        }
+        if let Some(d) = draft {
+            mlxhost::engine::draft_model::attach(&mut m, d).map_err(|e| e.to_string())?;
         }
         if let Some(dir) = &lora_merge {
             m.merge_lora(dir)
@@ -568,6 +615,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             grammar_plugin: args.grammar_plugin.clone(),
             drafter: (args.drafter != "none").then(|| args.drafter.clone()),
             draft_max: args.draft_max,
+            draft_model: has_draft_model,
         },
         body_limit: args.body_limit << 20,
         intake: mlxhost::server::intake::Intake::new(

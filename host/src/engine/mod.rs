@@ -16,6 +16,7 @@
 pub mod admission;
 pub mod constrain;
 pub mod detokenize;
+pub mod draft_model;
 pub mod generate;
 pub mod grammar;
 pub mod request;

@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::admission::{self, MemoryBudget, RowShape};
+use super::draft_model;
 use super::request::{
     effective_params, lora_namespace, validate, FinishReason, GenerateError, GenerateEvent,
     GenerateRequest,
@@ -244,6 +245,8 @@ pub struct Scheduler<'s> {
     budget: Option<u64>,
     /// The model's shape for admission estimates (set on first use).
     shape: Option<RowShape>,
+    /// The draft model's (`--draft-model`), likewise.
+    draft_shape: Option<RowShape>,
     waiting: VecDeque<Pending<'s>>,
     running: Vec<Sequence<'s>>,
     /// Rows paused to free memory, oldest (lowest id) first; they resume
@@ -281,6 +284,7 @@ impl<'s> Scheduler<'s> {
             },
             budget: config.memory_budget.resolve(),
             shape: None,
+            draft_shape: None,
             waiting: VecDeque::new(),
             running: Vec::new(),
             preempted: VecDeque::new(),
@@ -345,7 +349,8 @@ impl<'s> Scheduler<'s> {
             return report;
         }
         let take = self.plan();
-        let drafted = self.propose_drafts(&take);
+        let proposed = self.propose_drafts(&take, model);
+        let drafted = proposed.drafted;
         self.spec.verify_steps += u64::from(drafted > 0);
         // Rows fed this step, and rows reading a token a lookahead chose.
         report.rows = self
@@ -445,8 +450,13 @@ impl<'s> Scheduler<'s> {
         retire.sort_by_key(|(i, _)| *i);
         let elapsed = started.elapsed();
         self.record(&report, chosen, elapsed);
-        if report.prefill_tokens == 0 && report.rows > 0 {
-            self.gate.record(report.rows, drafted, elapsed);
+        // The draft model's forwards are part of what a drafted step costs
+        // (a plugin's drafting is, at most, a fraction of a millisecond). A
+        // step where a row caught its draft cache up with a whole prompt
+        // measures that catch-up, not steady drafting: it is not recorded.
+        if report.prefill_tokens == 0 && report.rows > 0 && !proposed.caught_up_long {
+            self.gate
+                .record(report.rows, drafted, elapsed + proposed.draft_time);
         }
         report.retired += retire.len();
         // Highest index first, so the indices left stay valid.
@@ -489,36 +499,46 @@ impl<'s> Scheduler<'s> {
     /// Asks the drafter of every row that may speculate this step for its
     /// drafts (none while the batch gate says drafting does not pay at
     /// this batch size; each row's draft length from its acceptance and
-    /// the gate's measured costs, [`RowSpec::best_k`]). A drafter that
-    /// fails is dropped: its row decodes on without drafts. Returns the
-    /// number of drafts proposed.
-    fn propose_drafts(&mut self, take: &[usize]) -> usize {
+    /// the gate's measured costs, [`RowSpec::best_k`]). Rows drafting with
+    /// the draft model draft together, in one batch of draft forwards
+    /// ([`draft_model::draft_batch`]). A drafter that fails is dropped: its
+    /// row decodes on without drafts (a failed draft-model batch drops the
+    /// draft model for every row in it).
+    fn propose_drafts(&mut self, take: &[usize], model: &LoadedModel) -> Proposed {
         for s in &mut self.running {
             s.drafts.clear();
         }
+        let mut proposed = Proposed::default();
         let candidates: Vec<usize> = (0..self.running.len())
             .filter(|&i| take[i] > 0 && self.running[i].can_draft())
             .collect();
         if candidates.is_empty() {
-            return 0;
+            return proposed;
         }
         // The gate judges decode-only steps by their row count.
         let prefilling = self.running.iter().any(|s| s.phase() == Phase::Prefill);
         let rows = take.iter().filter(|&&n| n > 0).count();
         if !prefilling && !self.gate.allows(rows) {
-            return 0;
+            return proposed;
         }
         let cost = self.gate.cost(rows);
-        let mut total = 0;
+        // Rows of the draft model and their draft lengths.
+        let mut batched: Vec<(usize, usize)> = Vec::new();
         for i in candidates {
             let seq = &mut self.running[i];
             let room = seq.draft_room();
             let Some(spec) = seq.spec.as_mut() else {
                 continue;
             };
+            if spec.draft_row().is_some() {
+                if let Some(k) = spec.plan(room, cost) {
+                    batched.push((i, k));
+                }
+                continue;
+            }
             match spec.propose(&seq.ids, room, cost) {
                 Ok(drafts) => {
-                    total += drafts.len();
+                    proposed.drafted += drafts.len();
                     seq.drafts = drafts;
                 }
                 Err(e) => {
@@ -528,7 +548,61 @@ impl<'s> Scheduler<'s> {
                 }
             }
         }
-        total
+        if let (false, Some(draft)) = (batched.is_empty(), model.draft.as_deref()) {
+            self.draft_with_model(draft, model, &batched, &mut proposed);
+        }
+        proposed
+    }
+
+    /// Drafts rows `batched` (index, draft length) with the draft model,
+    /// all together; on failure every one of them drops the draft model.
+    fn draft_with_model(
+        &mut self,
+        draft: &LoadedModel,
+        model: &LoadedModel,
+        batched: &[(usize, usize)],
+        proposed: &mut Proposed,
+    ) {
+        let vocab = model.model.config().vocab_size;
+        let mut asks: Vec<draft_model::DraftAsk<'_>> = Vec::with_capacity(batched.len());
+        let mut members: Vec<usize> = Vec::with_capacity(batched.len());
+        let mut by_index: Vec<Option<&mut Sequence<'s>>> =
+            self.running.iter_mut().map(Some).collect();
+        for &(i, k) in batched {
+            let Some(seq) = by_index.get_mut(i).and_then(Option::take) else {
+                continue;
+            };
+            let Some(row) = seq.spec.as_mut().and_then(RowSpec::draft_row) else {
+                continue;
+            };
+            asks.push(draft_model::DraftAsk {
+                history: &seq.ids,
+                row,
+                k,
+            });
+            members.push(i);
+        }
+        let result = draft_model::draft_batch(draft, vocab, &mut asks);
+        drop(asks);
+        drop(by_index);
+        match result {
+            Ok(batch) => {
+                proposed.draft_time += batch.took;
+                self.spec.draft_model_ms += 1e3 * batch.took.as_secs_f64();
+                proposed.caught_up_long |= batch.caught_up_long;
+                for (i, drafts) in members.into_iter().zip(batch.drafts) {
+                    proposed.drafted += drafts.len();
+                    self.running[i].drafts = drafts;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(rows = members.len(), error = %e, "the draft model failed; its rows decode without drafts");
+                for i in members {
+                    self.spec.drafter_failures += 1;
+                    self.running[i].spec = None;
+                }
+            }
+        }
     }
 
     /// Ends row `i`'s verification if one is in progress (trims rejected
@@ -683,10 +757,12 @@ impl<'s> Scheduler<'s> {
             return 0;
         };
         let shape = self.shape.get_or_insert_with(|| row_shape(model)).clone();
+        let draft_shape = self.draft_shape(model);
         let chunk = self.config.prefill_chunk;
         let reserve = |seq: &mut Sequence<'_>, tokens: usize| {
             seq.reserved_tokens = tokens;
-            seq.reserved_bytes = shape.reservation_left(tokens, seq.prefill_target(), chunk);
+            seq.reserved_bytes = shape.reservation_left(tokens, seq.prefill_target(), chunk)
+                + draft_kv_bytes(draft_shape.as_ref(), uses_draft_model(seq), tokens);
         };
         // After this step a row holds its whole history; a lookahead may
         // feed one more.
@@ -749,6 +825,10 @@ impl<'s> Scheduler<'s> {
                 .unwrap_or(0);
             let mut seq = self.running.remove(victim);
             let (tokens, kv) = seq.preempt();
+            // The draft KV goes too; the row re-feeds it when it drafts again.
+            if let Some(row) = seq.spec.as_mut().and_then(RowSpec::draft_row) {
+                row.reset();
+            }
             let namespace = lora_namespace(model, seq.lora.as_deref());
             tracing::info!(
                 row = seq.id,
@@ -793,7 +873,9 @@ impl<'s> Scheduler<'s> {
                 let reused = caches
                     .as_deref()
                     .map_or(0, |c| c.peek(&namespace, seq.history()));
-                let reserve = self.resume_reservation(model, history, reused, final_positions);
+                let drafts = uses_draft_model(seq);
+                let reserve =
+                    self.resume_reservation(model, history, reused, final_positions, drafts);
                 let Some((bytes, tokens)) = reserve else {
                     return;
                 };
@@ -928,7 +1010,10 @@ impl<'s> Scheduler<'s> {
         let prompt = request.prompt_ids.len();
         let max_new = request.max_tokens.min(context.saturating_sub(prompt));
         let tokens = admission::grown_tokens(prompt + 1, prompt + max_new + 1);
-        let need = shape.reservation_bytes(tokens, Some(prompt), self.config.prefill_chunk);
+        let drafts = request.speculative.enabled()
+            && request.speculative.drafter.as_deref() == Some(draft_model::DRAFTER_NAME);
+        let need = shape.reservation_bytes(tokens, Some(prompt), self.config.prefill_chunk)
+            + draft_kv_bytes(self.draft_shape(model).as_ref(), drafts, tokens);
         if need > budget {
             return Reservation::Never(format!(
                 "this request needs about {} for its prompt's KV cache and activations ({prompt} \
@@ -960,16 +1045,30 @@ impl<'s> Scheduler<'s> {
         history: usize,
         reused: usize,
         final_positions: usize,
+        drafts: bool,
     ) -> Option<(u64, usize)> {
         let Some(budget) = self.budget else {
             return Some((0, 0));
         };
+        let draft_shape = self.draft_shape(model);
         let shape = self.shape.get_or_insert_with(|| row_shape(model));
         let tokens = admission::grown_tokens(history + 1, final_positions + 1);
         let left = history.saturating_sub(reused).max(1);
-        let need = shape.reservation_left(tokens, Some((history, left)), self.config.prefill_chunk);
+        let need = shape.reservation_left(tokens, Some((history, left)), self.config.prefill_chunk)
+            + draft_kv_bytes(draft_shape.as_ref(), drafts, tokens);
         self.fits_beside_running(need, budget)
             .then_some((need, tokens))
+    }
+
+    /// The draft model's admission shape (set on first use; `None`
+    /// without a draft model).
+    fn draft_shape(&mut self, model: &LoadedModel) -> Option<RowShape> {
+        let draft = model.draft.as_deref()?;
+        Some(
+            self.draft_shape
+                .get_or_insert_with(|| row_shape(draft))
+                .clone(),
+        )
     }
 
     /// Tokens each running row feeds this step (see the module doc).
@@ -992,6 +1091,17 @@ impl<'s> Scheduler<'s> {
             })
             .collect()
     }
+}
+
+/// What [`Scheduler::propose_drafts`] proposed.
+#[derive(Debug, Default)]
+struct Proposed {
+    /// Draft tokens, all rows.
+    drafted: usize,
+    /// Time in the draft model's forwards.
+    draft_time: Duration,
+    /// Whether a draft-model row caught up with more than a step's tokens.
+    caught_up_long: bool,
 }
 
 /// A waiting request defers to a prefilling row only for at least this
@@ -1032,6 +1142,23 @@ enum Reservation {
     Wait,
     /// Never (the message says why).
     Never(String),
+}
+
+/// Bytes a row's draft KV takes at `tokens` positions: it follows the
+/// row's history (`engine::draft_model`), so it is reserved beside the
+/// row's own KV, for rows drafting with the draft model (`drafts`).
+fn draft_kv_bytes(shape: Option<&RowShape>, drafts: bool, tokens: usize) -> u64 {
+    match shape {
+        Some(s) if drafts => s.kv_bytes(tokens),
+        _ => 0,
+    }
+}
+
+/// Whether the row drafts with the draft model.
+fn uses_draft_model(seq: &Sequence<'_>) -> bool {
+    seq.spec
+        .as_ref()
+        .is_some_and(|s| s.drafter_name() == draft_model::DRAFTER_NAME)
 }
 
 /// The admission shape of `model` (its config, cache kinds and dtype).
@@ -1224,6 +1351,20 @@ fn row_spec(
     let name = spec.drafter.as_deref().filter(|_| spec.enabled())?;
     if !model.model.new_cache().trimmable() {
         return None;
+    }
+    if name == draft_model::DRAFTER_NAME {
+        if model.draft.is_none() {
+            tracing::warn!(
+                drafter = name,
+                "no draft model is loaded (--draft-model); the request decodes without drafts"
+            );
+            return None;
+        }
+        // Its draft cache is created when the row first drafts.
+        let drafter = draft_model::DraftModelDrafter {
+            row: draft_model::DraftRow::default(),
+        };
+        return Some(RowSpec::new(Box::new(drafter), spec.max_draft));
     }
     let vocab = model.model.config().vocab_size;
     match crate::plugin::drafter::PluginDrafter::new(host, name, prompt_len, vocab, plugin_params) {

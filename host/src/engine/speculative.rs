@@ -65,8 +65,8 @@ impl SpecRequest {
     }
 }
 
-/// What proposes a row's drafts: a drafter plugin (a native draft model
-/// would implement it too).
+/// What proposes a row's drafts: a drafter plugin, or the row's share of
+/// the draft model ([`super::draft_model`]).
 pub trait Drafter {
     /// Up to `k` tokens to follow `history` (prompt and accepted tokens;
     /// it only grows between calls).
@@ -75,6 +75,12 @@ pub trait Drafter {
     fn name(&self) -> &str;
     /// Time spent drafting.
     fn time(&self) -> Duration;
+    /// The row's draft-model state, for a drafter the scheduler runs for
+    /// all its rows at once ([`super::draft_model::draft_batch`]) instead
+    /// of calling [`Drafter::draft`]; `None` for per-row drafters.
+    fn draft_row(&mut self) -> Option<&mut super::draft_model::DraftRow> {
+        None
+    }
 }
 
 impl Drafter for PluginDrafter {
@@ -198,9 +204,19 @@ impl RowSpec {
         room: usize,
         cost: Option<StepCost>,
     ) -> Result<Vec<u32>, String> {
+        match self.plan(room, cost) {
+            Some(k) => self.drafter.draft(history, k),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// The draft length for the row's next step (see
+    /// [`RowSpec::propose`], which drafts it): `None` while paused, when
+    /// no length pays at `cost`, or without `room`.
+    pub fn plan(&mut self, room: usize, cost: Option<StepCost>) -> Option<usize> {
         if self.pause > 0 {
             self.pause -= 1;
-            return Ok(Vec::new());
+            return None;
         }
         self.modelled = false;
         if self.probing {
@@ -214,15 +230,18 @@ impl RowSpec {
                 }
                 None => {
                     self.back_off();
-                    return Ok(Vec::new());
+                    return None;
                 }
             }
         }
         let k = self.k.min(room);
-        if k == 0 {
-            return Ok(Vec::new());
-        }
-        self.drafter.draft(history, k)
+        (k > 0).then_some(k)
+    }
+
+    /// The row's draft-model state when its drafter is the draft model
+    /// (drafted in a batch by the scheduler).
+    pub fn draft_row(&mut self) -> Option<&mut super::draft_model::DraftRow> {
+        self.drafter.draft_row()
     }
 
     /// After a verification that fed `drafted` drafts of which `accepted`
@@ -473,6 +492,9 @@ pub struct SpecStats {
     pub drafter_failures: u64,
     /// Steps in which the batch gate kept rows from drafting.
     pub gate_off_steps: u64,
+    /// Milliseconds in the draft model's forwards (`--draft-model`), all
+    /// steps.
+    pub draft_model_ms: f64,
     /// The gate's measurements per batch size.
     pub by_batch_size: Vec<GateRow>,
 }

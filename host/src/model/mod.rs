@@ -105,6 +105,10 @@ pub struct LoadedModel {
     /// (`--lora-merge`, [`LoadedModel::merge_lora`]); part of every cache
     /// namespace, so KV of the merged weights never meets the base's.
     pub merged_lora: Option<String>,
+    /// The draft model speculative decoding's `draft-model` drafter runs
+    /// (`--draft-model`; `engine::draft_model`), checked to share this
+    /// model's vocabulary.
+    pub draft: Option<Box<LoadedModel>>,
 }
 
 impl LoadedModel {
@@ -235,6 +239,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         bos_token,
         lora: lora::LoraSet::default(),
         merged_lora: None,
+        draft: None,
     })
 }
 

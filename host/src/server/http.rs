@@ -555,6 +555,12 @@ fn adapter_services(
             .values()
             .filter(|p| p.manifest.kinds.contains(&Kind::Drafter))
             .map(|p| p.manifest.name.clone())
+            // The host-native drafter, where `--draft-model` loaded one.
+            .chain(
+                app.defaults
+                    .draft_model
+                    .then(|| crate::engine::draft_model::DRAFTER_NAME.to_string()),
+            )
             .collect(),
     }
 }

@@ -59,6 +59,9 @@ pub struct Defaults {
     pub drafter: Option<String>,
     /// `--draft-max`: the most drafts per step when a request does not say.
     pub draft_max: usize,
+    /// `--draft-model` is loaded: requests may choose the `draft-model`
+    /// drafter beside the drafter plugins.
+    pub draft_model: bool,
 }
 
 /// The request header that tells an adapter to keep client metadata in the
