@@ -7,6 +7,7 @@ use anyhow::Context;
 use mlxhost::model::lora::LoraSet;
 use mlxhost::score;
 
+use super::tensor_parallel::{self, TensorParallelArgs};
 use super::ModelArgs;
 
 /// Arguments of `mlxhost score`.
@@ -41,9 +42,14 @@ pub struct ScoreArgs {
     /// A LoRA adapter folder merged into the weights at load.
     #[arg(long)]
     lora_merge: Option<PathBuf>,
+    #[command(flatten)]
+    tp: TensorParallelArgs,
 }
 
 pub fn run(args: ScoreArgs) -> anyhow::Result<()> {
+    // Before the input is read: a worker rank's failure to start should
+    // not wait on stdin.
+    let cluster = args.tp.start(&args.model)?;
     let reader: Box<dyn BufRead> = if args.input.as_os_str() == "-" {
         Box::new(std::io::stdin().lock())
     } else {
@@ -51,7 +57,7 @@ pub fn run(args: ScoreArgs) -> anyhow::Result<()> {
             .with_context(|| format!("--input {}", args.input.display()))?;
         Box::new(std::io::BufReader::new(f))
     };
-    let mut model = args.model.load(false)?;
+    let mut model = tensor_parallel::load(&args.model, cluster)?;
     if let Some(dir) = &args.lora_merge {
         model.merge_lora(dir)?;
     }

@@ -14,6 +14,7 @@ use mlxhost::engine::SchedulerConfig;
 use mlxhost::plugin::{Kind, LivePlugins, PluginLimits};
 use mlxhost::server::{self, Defaults, ServeConfig};
 
+use super::tensor_parallel::{self, TensorParallelArgs};
 use super::ModelArgs;
 
 /// Arguments of `mlxhost serve`.
@@ -136,23 +137,8 @@ pub struct ServeArgs {
     /// only; quantized weights are re-quantized after the merge).
     #[arg(long, value_name = "DIR")]
     lora_merge: Option<PathBuf>,
-    /// Tensor parallelism: split the model over this many ranks (MLX's
-    /// ring backend; heads and MLP columns split, see docs/distributed.md).
-    /// Without `--hostfile`, this process (rank 0) starts the other ranks
-    /// on this machine over 127.0.0.1.
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    tensor_parallel: usize,
-    /// MLX hostfile for ranks on several machines (a JSON list, entry r
-    /// being rank r's `["ip:port"]`, as `mlx.launch` writes it); this
-    /// process is rank 0 and each other rank is started on its machine
-    /// with `mlxhost tp-worker`.
-    #[arg(long, value_name = "FILE")]
-    hostfile: Option<PathBuf>,
-    /// Where rank 0 listens for the workers' plan channels (default: a
-    /// free port on 127.0.0.1; with `--hostfile`, rank 0's address,
-    /// port 18700).
-    #[arg(long, value_name = "ADDR")]
-    tp_control: Option<SocketAddr>,
+    #[command(flatten)]
+    tp: TensorParallelArgs,
     /// SSD cache directory: prompt-cache entries are written here (on RAM
     /// eviction, and once requests settle) and restored after restarts;
     /// created private to the user. Off when not given.
@@ -427,7 +413,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         eprintln!("warning: plugin {} skipped: {}", s.dir.display(), s.reason);
     }
     let draft_model_path = match &args.draft_model {
-        Some(p) if args.tensor_parallel > 1 => {
+        Some(p) if args.tp.tensor_parallel > 1 => {
             anyhow::bail!(
                 "--draft-model {}: not with --tensor-parallel yet (the draft model runs on one rank)",
                 p.display()
@@ -522,14 +508,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             ),
             None => None,
         };
-        let group = cluster.as_ref().map(|c| c.group.clone());
-        let mut m = model_args
-            .load_with(false, group)
-            .map_err(|e| format!("{e:#}"))?;
-        if let Some(c) = cluster.take() {
-            c.wait_ready().map_err(|e| e.to_string())?;
-            m.model = Box::new(mlxhost::distributed::lm::DistributedLm::new(m.model, c));
-        }
+        let mut m =
+            tensor_parallel::load(&model_args, cluster.take()).map_err(|e| format!("{e:#}"))?;
         if let Some(d) = draft {
             mlxhost::engine::draft_model::attach(&mut m, d).map_err(|e| e.to_string())?;
         }
@@ -688,43 +668,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 fn start_cluster(
     args: &ServeArgs,
 ) -> anyhow::Result<Option<mlxhost::distributed::launch::Cluster>> {
-    use clap::ValueEnum;
-    match args.tensor_parallel {
-        0 => anyhow::bail!("--tensor-parallel must be at least 1"),
-        1 if args.hostfile.is_some() || args.tp_control.is_some() => {
-            anyhow::bail!("--hostfile and --tp-control need --tensor-parallel 2 or more")
-        }
-        1 => return Ok(None),
-        _ => {}
-    }
-    for (flag, set) in [
-        ("--ssd-cache", args.ssd_cache.is_some()),
-        ("--lora-dir", args.lora_dir.is_some()),
-        ("--lora-merge", args.lora_merge.is_some()),
-    ] {
-        if set {
-            anyhow::bail!("--tensor-parallel does not support {flag} yet (docs/distributed.md)");
+    if args.tp.tensor_parallel > 1 {
+        for (flag, set) in [
+            ("--ssd-cache", args.ssd_cache.is_some()),
+            ("--lora-dir", args.lora_dir.is_some()),
+            ("--lora-merge", args.lora_merge.is_some()),
+        ] {
+            if set {
+                anyhow::bail!(
+                    "--tensor-parallel does not support {flag} yet (docs/distributed.md)"
+                );
+            }
         }
     }
-    let path = args.model.path()?;
-    let dtype = args
-        .model
-        .dtype
-        .to_possible_value()
-        .map(|v| v.get_name().to_string())
-        .unwrap_or_else(|| "auto".into());
-    let launch = mlxhost::distributed::launch::Launch {
-        size: args.tensor_parallel,
-        hostfile: args.hostfile.clone(),
-        control: args.tp_control,
-        worker_args: vec![
-            "--model".into(),
-            path.into_os_string(),
-            "--dtype".into(),
-            dtype.into(),
-        ],
-    };
-    Ok(Some(mlxhost::distributed::launch::start_rank0(&launch)?))
+    args.tp.start(&args.model)
 }
 
 /// The response store the flags ask for: none with `--response-store-ttl
