@@ -13,6 +13,7 @@ use mlx_rs::{
 use mlxhost::model::lora::LoraSet;
 use mlxhost::model::RowInput;
 
+use super::tensor_parallel::{self, TensorParallelArgs};
 use super::ModelArgs;
 
 /// Arguments of `mlxhost bench`.
@@ -47,10 +48,13 @@ pub struct BenchArgs {
     /// runs it at the base's cost).
     #[arg(long)]
     lora_merge: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    tp: TensorParallelArgs,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let mut loaded = args.model.load(false)?;
+    let cluster = args.tp.start(&args.model)?;
+    let mut loaded = tensor_parallel::load(&args.model, cluster)?;
     if let Some(dir) = &args.lora_merge {
         loaded.merge_lora(dir)?;
     }

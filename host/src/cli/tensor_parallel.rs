@@ -53,16 +53,27 @@ impl TensorParallelArgs {
             .to_possible_value()
             .map(|v| v.get_name().to_string())
             .unwrap_or_else(|| "auto".into());
+        // Everything that shapes a rank's weights or caches: the workers'
+        // caches must be what rank 0's are.
+        let mut worker_args: Vec<std::ffi::OsString> = vec![
+            "--model".into(),
+            path.into_os_string(),
+            "--dtype".into(),
+            dtype.into(),
+        ];
+        if let Some(bits) = model.kv_bits {
+            worker_args.extend([
+                "--kv-bits".into(),
+                bits.to_string().into(),
+                "--kv-group-size".into(),
+                model.kv_group_size.to_string().into(),
+            ]);
+        }
         let launch = Launch {
             size: self.tensor_parallel,
             hostfile: self.hostfile.clone(),
             control: self.tp_control,
-            worker_args: vec![
-                "--model".into(),
-                path.into_os_string(),
-                "--dtype".into(),
-                dtype.into(),
-            ],
+            worker_args,
         };
         Ok(Some(launch::start_rank0(&launch)?))
     }
