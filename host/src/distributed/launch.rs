@@ -64,6 +64,7 @@ impl Cluster {
     /// Tells the workers to exit.
     pub fn shutdown(&mut self) {
         self.stopping.store(true, Ordering::SeqCst);
+        super::set_stopping();
         let _ = self.channel.send(&ToWorker::Shutdown);
     }
 

@@ -28,6 +28,7 @@ pub mod plan;
 pub mod shard;
 pub mod worker;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 pub use group::Group;
@@ -58,10 +59,21 @@ pub enum DistributedError {
 }
 
 static FAILURE: Mutex<Option<String>> = Mutex::new(None);
+static STOPPING: AtomicBool = AtomicBool::new(false);
+
+/// Rank 0 is stopping on purpose: workers leaving from now on is not a
+/// failure.
+pub fn set_stopping() {
+    STOPPING.store(true, Ordering::SeqCst);
+}
 
 /// Marks the group failed (the first reason is kept): every later step
-/// fails at once and `/health` reports it.
+/// fails at once and `/health` reports it. Ignored once [`set_stopping`]
+/// was called.
 pub fn set_failed(reason: String) {
+    if STOPPING.load(Ordering::SeqCst) {
+        return;
+    }
     let mut f = FAILURE.lock().unwrap_or_else(|e| e.into_inner());
     if f.is_none() {
         tracing::error!(%reason, "tensor-parallel group failed");
