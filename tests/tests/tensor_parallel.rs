@@ -399,3 +399,24 @@ fn a_killed_rank_fails_the_request_within_seconds_and_health_reports_it() {
     assert_ne!(status, 200);
     assert!(t.elapsed() < Duration::from_secs(5));
 }
+
+/// Qwen3 (per-head q/k norms, explicit head_dim) split over 2 ranks
+/// against mlx-lm's scores of the tiny fixture (tests/qwen3.rs's bound).
+#[test]
+fn qwen3_two_ranks_match_mlx_lm() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/models/qwen3-tiny");
+    let reference = parse_score(
+        &std::fs::read_to_string(format!("{dir}/mlx-lm-scores.jsonl")).expect("scores"),
+    );
+    let rows = format!("{dir}/rows.jsonl");
+    for extra in [
+        &["--dtype", "float32"][..],
+        &["--decode", "--batch-size", "3"][..],
+    ] {
+        let mut args = vec!["score", "--model", dir, "--input", rows.as_str()];
+        args.extend(["--tensor-parallel", "2"]);
+        args.extend(extra);
+        let ours = parse_score(&mlxhost_ok(&args));
+        assert_scores_close(&ours, &reference, 0.05);
+    }
+}
