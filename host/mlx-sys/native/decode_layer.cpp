@@ -31,14 +31,17 @@
 //          packed_matmul.cpp and two unused placeholders: the VNNI
 //          kernel); then the q/k/v bias [q + 2 kv]
 //          float32; then K_0, V_0, ..., K_{R-1},
-//          V_{R-1}: [1, H_kv, cap_r, D] float32 (row-contiguous, cap_r > pos_r).
+//          V_{R-1}: [1, H_kv, cap_r, D] float32 (row-contiguous, cap_r > pos_r);
+//          then the step's LoRA pairs (A, B float16; see `LoraSlot`).
 // Outputs: h' [R, E] float32, then K'_0, V'_0, ...: the cache buffers.
 // CPU only: on a GPU stream the host never builds this op (eval_gpu throws).
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <vector>
@@ -74,8 +77,6 @@ struct Shape {
   // its scales and biases inputs are then unused placeholders), and that
   // layout's scales are float16.
   bool packed[4], f16[4];
-  // Per product: LoRA stacks follow the weights (else placeholders).
-  bool lora[4];
 };
 
 void rms_norm(const float* x, const float* w, float eps, int n, float* out) {
@@ -291,90 +292,220 @@ void product(
   mlxhost_cpu::compute(p, sh.variant[l]);
 }
 
-// The LoRA delta of the `m` rows `idx` running one adapter: y [i] +=
-// (x [i] @ A [K, r]) @ B [r, N] (the scale is in B). A and B are read once
-// for all the rows (the step is bound by the bytes it reads). Plain loops
-// the compiler vectorizes for each target below; `t`: m * r floats.
-#define MLXHOST_LORA_ROWS_BODY                                          \
-  for (int i = 0; i < m * r; i++)                                       \
-    t[i] = 0.0f;                                                        \
-  for (int k = 0; k < K; k++) {                                         \
-    const float* ak = a + size_t(k) * r;                                \
+// LoRA deltas. An adapter's pair for one product, as the host stores it for
+// this op: float16 (half the bytes of float32: a batch-1 step is bound by
+// the bytes it reads) and no zero blocks (the fused q/k/v and gate/up
+// products' parts are kept apart, so an adapter of q alone reads no k/v
+// columns). A [K, rs]: the parts' A side by side (rs = the sum of their
+// ranks); B: each part's [r, w] row-major, one after another. Part p adds
+// scale_p * (x @ A[:, ro_p : ro_p + r_p]) @ B_p to the output columns
+// [no_p, no_p + w_p). Sums are float32.
+constexpr int kLoraParts = 3;
+
+struct LoraPart {
+  int rank_off, rank, out_off, width;
+  float scale;
+};
+
+// One adapter's pair for one product: inputs[input] is A, inputs[input + 1]
+// B; input < 0: the adapter does not adapt the product.
+struct LoraSlot {
+  int input = -1;
+  int rs = 0;
+  int parts = 0;
+  LoraPart part[kLoraParts];
+};
+
+// Per product (qkv, o, gate_up, down), per adapter of the step.
+using LoraSlots = std::array<std::vector<LoraSlot>, 4>;
+
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    // Zero or subnormal: man * 2^-24.
+    const float f = std::ldexp(float(man), -24);
+    return sign ? -f : f;
+  }
+  if (exp == 31)
+    bits = sign | 0x7f800000u | (man << 13);
+  else
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+void halves_plain(const uint16_t* s, float* d, int n) {
+  for (int i = 0; i < n; i++)
+    d[i] = half_to_float(s[i]);
+}
+
+// t [m, rs] += x [idx[i], k0 : k0 + kb] @ a [kb, rs] (a: rows k0.. of A,
+// already float32).
+#define MLXHOST_LORA_DOWN_BODY                                          \
+  for (int k = 0; k < kb; k++) {                                        \
+    const float* ak = a + size_t(k) * rs;                               \
     for (int i = 0; i < m; i++) {                                       \
-      const float xv = x[size_t(idx[i]) * K + k];                       \
-      float* ti = t + size_t(i) * r;                                    \
-      for (int j = 0; j < r; j++)                                       \
+      const float xv = x[size_t(idx[i]) * K + k0 + k];                  \
+      float* ti = t + size_t(i) * rs;                                   \
+      for (int j = 0; j < rs; j++)                                      \
         ti[j] += xv * ak[j];                                            \
     }                                                                   \
-  }                                                                     \
-  for (int j = 0; j < r; j++) {                                         \
-    const float* bj = b + size_t(j) * N;                                \
-    for (int i = 0; i < m; i++) {                                       \
-      const float tv = t[size_t(i) * r + j];                            \
-      float* yi = y + size_t(idx[i]) * N;                               \
-      for (int n = 0; n < N; n++)                                       \
-        yi[n] += tv * bj[n];                                            \
-    }                                                                   \
   }
 
-void lora_rows_plain(const float* x, const float* a, const float* b, float* y, float* t,
-                     const int* idx, int m, int K, int r, int N) {
-  MLXHOST_LORA_ROWS_BODY
+// y [idx[i], 0 : w] += t [i, 0] * b [0 : w] (t strided by rs: one rank
+// column of the rows' t; y already offset to the columns).
+#define MLXHOST_LORA_UP_BODY                                            \
+  for (int i = 0; i < m; i++) {                                         \
+    const float tv = t[size_t(i) * rs];                                 \
+    float* yi = y + size_t(idx[i]) * N;                                 \
+    for (int n = 0; n < w; n++)                                         \
+      yi[n] += tv * b[n];                                               \
+  }
+
+void down_plain(const float* x, const int* idx, int m, int K, int k0, int kb, const float* a,
+                int rs, float* t) {
+  MLXHOST_LORA_DOWN_BODY
+}
+
+void up_plain(const float* t, int rs, const int* idx, int m, float* y, int N, const float* b,
+              int w) {
+  MLXHOST_LORA_UP_BODY
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx512f"))) void lora_rows_avx512(const float* x, const float* a,
-                                                         const float* b, float* y, float* t,
-                                                         const int* idx, int m, int K, int r,
-                                                         int N) {
-  MLXHOST_LORA_ROWS_BODY
+__attribute__((target("avx512f"))) void halves_avx512(const uint16_t* s, float* d, int n) {
+  int i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(
+        d + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))));
+  for (; i < n; i++)
+    d[i] = half_to_float(s[i]);
+}
+
+__attribute__((target("avx512f"))) void down_avx512(const float* x, const int* idx, int m,
+                                                    int K, int k0, int kb, const float* a,
+                                                    int rs, float* t) {
+  MLXHOST_LORA_DOWN_BODY
+}
+
+__attribute__((target("avx512f"))) void up_avx512(const float* t, int rs, const int* idx, int m,
+                                                  float* y, int N, const float* b, int w) {
+  MLXHOST_LORA_UP_BODY
 }
 #endif
 
-// Product `l`'s LoRA delta for every row with an adapter: A = in[first]
-// [G, K, r] (or [K, r], G = 1), B = in[first + 1] [G, r, N] (or [r, N]);
-// row i runs stack entry rows[i] (-1: none). `present`: false when no
-// adapter adapts the product (the inputs are placeholders).
-void lora_add(const std::vector<mx::array>& in, int first, bool present, const float* x,
-              float* y, int R, int N, int K, const std::vector<int>& rows) {
-  if (!present)
-    return;
-  const auto& A = in[first];
-  const auto& B = in[first + 1];
-  const int r = A.shape(A.ndim() - 1);
-  const int G = A.ndim() == 3 ? A.shape(0) : 1;
-  std::vector<float> t(size_t(R) * r);
+struct LoraKernels {
+  void (*halves)(const uint16_t*, float*, int);
+  void (*down)(const float*, const int*, int, int, int, int, const float*, int, float*);
+  void (*up)(const float*, int, const int*, int, float*, int, const float*, int);
+};
+
+const LoraKernels& lora_kernels() {
+  static const LoraKernels k = [] {
+#if defined(__x86_64__)
+    if (has_avx512())
+      return LoraKernels{halves_avx512, down_avx512, up_avx512};
+#endif
+    return LoraKernels{halves_plain, down_plain, up_plain};
+  }();
+  return k;
+}
+
+// Rows of A converted to float32 at a time (a block stays in L1 while the
+// rows' sums read it).
+constexpr int kLoraBlock = 32;
+
+// One adapter's delta for its `m` rows `idx`: y [idx[i]] += the parts'
+// scale * (x [idx[i]] @ A_p) @ B_p. x [R, K], y [R, N]. The pool splits
+// x @ A over K (one partial t per chunk, summed here) and t @ B over the
+// output columns, so both cores stream the adapter's bytes.
+void lora_one(const std::vector<mx::array>& in, const LoraSlot& s, const float* x, float* y,
+              int N, int K, const int* idx, int m) {
+  const auto& kern = lora_kernels();
+  const uint16_t* a = reinterpret_cast<const uint16_t*>(in[s.input].data<mx::float16_t>());
+  const uint16_t* b = reinterpret_cast<const uint16_t*>(in[s.input + 1].data<mx::float16_t>());
+  const int rs = s.rs;
+  const int chunks = std::max(1, std::min(mlxhost_cpu::threads(), K / 128));
+  const int per = (K + chunks - 1) / chunks;
+  std::vector<float> partial(size_t(chunks) * m * rs, 0.0f);
+  auto down = [&](int c) {
+    thread_local std::vector<float> buf;
+    buf.resize(size_t(kLoraBlock) * rs);
+    float* t = partial.data() + size_t(c) * m * rs;
+    for (int k0 = c * per; k0 < std::min(K, (c + 1) * per); k0 += kLoraBlock) {
+      const int kb = std::min({kLoraBlock, K - k0, (c + 1) * per - k0});
+      kern.halves(a + size_t(k0) * rs, buf.data(), kb * rs);
+      kern.down(x, idx, m, K, k0, kb, buf.data(), rs, t);
+    }
+  };
+  if (chunks == 1)
+    down(0);
+  else
+    mlxhost_cpu::parallel_for(chunks, down);
+  std::vector<float> t(partial.begin(), partial.begin() + size_t(m) * rs);
+  for (int c = 1; c < chunks; c++)
+    for (size_t i = 0; i < t.size(); i++)
+      t[i] += partial[size_t(c) * m * rs + i];
+  for (int p = 0; p < s.parts; p++)
+    for (int i = 0; i < m; i++)
+      for (int j = 0; j < s.part[p].rank; j++)
+        t[size_t(i) * rs + s.part[p].rank_off + j] *= s.part[p].scale;
+  int total = 0;
+  for (int p = 0; p < s.parts; p++)
+    total += s.part[p].width;
+  // Columns c0..c1 of the parts' outputs laid end to end.
+  auto up = [&](int c0, int c1) {
+    thread_local std::vector<float> buf;
+    int col = 0;
+    size_t boff = 0;
+    for (int p = 0; p < s.parts; p++) {
+      const LoraPart& q = s.part[p];
+      const int lo = std::max(c0, col) - col, hi = std::min(c1, col + q.width) - col;
+      if (lo < hi) {
+        buf.resize(size_t(hi - lo));
+        for (int j = 0; j < q.rank; j++) {
+          kern.halves(b + boff + size_t(j) * q.width + lo, buf.data(), hi - lo);
+          kern.up(t.data() + q.rank_off + j, rs, idx, m, y + q.out_off + lo, N, buf.data(),
+                  hi - lo);
+        }
+      }
+      col += q.width;
+      boff += size_t(q.rank) * q.width;
+    }
+  };
+  mlxhost_cpu::parallel_for_range(total, 256, up);
+}
+
+// Product `l`'s LoRA deltas: the rows of adapter g (rows[i] == g) run
+// slots[g]; rows[i] = -1: none.
+void lora_add(const std::vector<mx::array>& in, const std::vector<LoraSlot>& slots,
+              const float* x, float* y, int R, int N, int K, const std::vector<int>& rows) {
   std::vector<int> idx;
-  for (int g = 0; g < G; g++) {
+  for (size_t g = 0; g < slots.size(); g++) {
+    if (slots[g].input < 0)
+      continue;
     idx.clear();
     for (int i = 0; i < R; i++)
-      if (rows[i] == g)
+      if (rows[i] == int(g))
         idx.push_back(i);
-    if (idx.empty())
-      continue;
-    const int m = int(idx.size());
-    const float* a = A.data<float>() + size_t(g) * K * r;
-    const float* b = B.data<float>() + size_t(g) * r * N;
-#if defined(__x86_64__)
-    if (has_avx512()) {
-      lora_rows_avx512(x, a, b, y, t.data(), idx.data(), m, K, r, N);
-      continue;
-    }
-#endif
-    lora_rows_plain(x, a, b, y, t.data(), idx.data(), m, K, r, N);
+    if (!idx.empty())
+      lora_one(in, slots[g], x, y, N, K, idx.data(), int(idx.size()));
   }
 }
 
-// The LoRA inputs follow the 15 weights: A and B per product (qkv, o,
-// gate_up, down); the rows' caches follow them.
-constexpr int kLoraFirst = 16;
-constexpr int kCachesFirst = kLoraFirst + 8;
+// The inputs: h, the 15 weights, the rows' caches (K_0, V_0, ...), then
+// each present LoRA pair (A, B).
+constexpr int kCachesFirst = 16;
 
 void run(
     const std::vector<mx::array>& in,
     std::vector<mx::array>& out,
     const std::vector<int>& positions,
     const std::vector<int>& lora_rows,
+    const LoraSlots& lora,
     const Shape& sh) {
   const int R = in[0].shape(0), E = in[0].shape(1);
   const int H = sh.heads, Hkv = sh.kv_heads, D = sh.head_dim;
@@ -391,7 +522,7 @@ void run(
   for (int r = 0; r < R; r++)
     rms_norm(h + size_t(r) * E, in[1].data<float>(), sh.eps, E, x.data() + size_t(r) * E);
   product(in, 3, x.data(), qkv.data(), R, sh, 0, qkv_n, E);
-  lora_add(in, kLoraFirst, sh.lora[0], x.data(), qkv.data(), R, qkv_n, E, lora_rows);
+  lora_add(in, lora[0], x.data(), qkv.data(), R, qkv_n, E, lora_rows);
   const float* qkv_bias = in[15].data<float>();
   for (int r = 0; r < R; r++)
     for (int j = 0; j < qkv_n; j++)
@@ -459,26 +590,32 @@ void run(
   });
 
   product(in, 6, attn.data(), proj.data(), R, sh, 1, E, H * D);
-  lora_add(in, kLoraFirst + 2, sh.lora[1], attn.data(), proj.data(), R, E, H * D, lora_rows);
+  lora_add(in, lora[1], attn.data(), proj.data(), R, E, H * D, lora_rows);
   for (size_t i = 0; i < size_t(R) * E; i++)
     h_out[i] = h[i] + proj[i];
   for (int r = 0; r < R; r++)
     rms_norm(h_out + size_t(r) * E, in[2].data<float>(), sh.eps, E, x.data() + size_t(r) * E);
   product(in, 9, x.data(), gu.data(), R, sh, 2, 2 * inter, E);
-  lora_add(in, kLoraFirst + 4, sh.lora[2], x.data(), gu.data(), R, 2 * inter, E, lora_rows);
+  lora_add(in, lora[2], x.data(), gu.data(), R, 2 * inter, E, lora_rows);
   mlxhost_cpu::swiglu(gu.data(), R, inter, act.data());
   product(in, 12, act.data(), proj.data(), R, sh, 3, E, inter);
-  lora_add(in, kLoraFirst + 6, sh.lora[3], act.data(), proj.data(), R, E, inter, lora_rows);
+  lora_add(in, lora[3], act.data(), proj.data(), R, E, inter, lora_rows);
   for (size_t i = 0; i < size_t(R) * E; i++)
     h_out[i] += proj[i];
 }
 
 class DecodeLayer : public mx::Primitive {
  public:
-  DecodeLayer(mx::Stream s, std::vector<int> positions, std::vector<int> lora_rows, Shape shape)
+  DecodeLayer(
+      mx::Stream s,
+      std::vector<int> positions,
+      std::vector<int> lora_rows,
+      LoraSlots lora,
+      Shape shape)
       : mx::Primitive(s),
         positions_(std::move(positions)),
         lora_rows_(std::move(lora_rows)),
+        lora_(std::move(lora)),
         shape_(shape) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
@@ -498,7 +635,10 @@ class DecodeLayer : public mx::Primitive {
                   outputs,
                   positions = positions_,
                   lora_rows = lora_rows_,
-                  shape = shape_]() mutable { run(inputs, outputs, positions, lora_rows, shape); });
+                  lora = lora_,
+                  shape = shape_]() mutable {
+      run(inputs, outputs, positions, lora_rows, lora, shape);
+    });
   }
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
@@ -512,6 +652,7 @@ class DecodeLayer : public mx::Primitive {
  private:
   std::vector<int> positions_;
   std::vector<int> lora_rows_;
+  LoraSlots lora_;
   Shape shape_;
 };
 
@@ -529,12 +670,15 @@ void require(bool ok, const char* what) {
 // biases slots are unused placeholders) and `f16` says whether that layout
 // holds float16 scales. `intermediate`: the MLP width. `h_out` gets [R, E];
 // `new_keys[r]` / `new_values[r]` get row r's cache buffers after the
-// write. `lora`: 8 arrays, A [G, K, r] and B [G, r, N] (or [K, r] and
-// [r, N] for G = 1) float32 per product (qkv, o, gate_up, down; the scale
-// in B), `lora_present[l]` whether product l's pair is given (its slots
-// are ignored otherwise), and `lora_rows[r]` the stack entry row r runs
-// (-1: none); `lora` null: no adapters. Returns 0, or 1 with the error reported through
-// mlx-c's error handler.
+// write. LoRA: `lora_adapters` (G) adapters; per product (qkv, o,
+// gate_up, down) and adapter, l-major, `lora_spans` holds 3 parts of
+// (rank offset, rank, output offset, width) and `lora_scales` their 3
+// scales (rank 0: no such part; no part: the adapter does not adapt the
+// product); `lora` holds A [K, sum of ranks] and B (the parts' [r, w]
+// one after another, flat) float16 of each adapted (product, adapter), in
+// that order; `lora_rows[r]` the adapter row r runs (-1: none). G = 0: no
+// adapters (the LoRA pointers may be null). Returns 0, or 1 with the error
+// reported through mlx-c's error handler.
 extern "C" int mlxhost_decode_layer(
     mlx_array* h_out,
     mlx_array* new_keys,
@@ -549,7 +693,9 @@ extern "C" int mlxhost_decode_layer(
     const mlx_array* values,
     const int* positions,
     const mlx_array* lora,
-    const int* lora_present,
+    const int* lora_spans,
+    const float* lora_scales,
+    int lora_adapters,
     const int* lora_rows,
     int rows,
     int heads,
@@ -567,7 +713,7 @@ extern "C" int mlxhost_decode_layer(
                 intermediate > 0,
             "decode layer: heads must be a multiple of kv_heads, head_dim even");
     const int E = ha.shape(1);
-    Shape sh{heads, kv_heads, head_dim, intermediate, eps, rope_theta, {}, {}, {}, {}, {}, {}};
+    Shape sh{heads, kv_heads, head_dim, intermediate, eps, rope_theta, {}, {}, {}, {}, {}};
     for (int l = 0; l < 4; l++)
       sh.variant[l] = variant;
     std::vector<mx::array> inputs = {ha};
@@ -612,32 +758,6 @@ extern "C" int mlxhost_decode_layer(
     require(inputs[15].dtype() == mx::float32 && inputs[15].ndim() == 1 &&
                 inputs[15].shape(0) == out_rows[0],
             "decode layer: the q/k/v bias must be [q + 2 kv] float32");
-    std::vector<int> lrows(rows, -1);
-    for (int l = 0; l < 4; l++) {
-      sh.lora[l] = lora != nullptr && lora_present[l] != 0;
-      if (!sh.lora[l]) {
-        // Placeholders (already an input: no op to evaluate).
-        inputs.push_back(ha);
-        inputs.push_back(ha);
-        continue;
-      }
-      const auto& A = mlx_array_get_(lora[2 * l]);
-      const auto& B = mlx_array_get_(lora[2 * l + 1]);
-      const int d = A.ndim();
-      const int G = d == 3 ? A.shape(0) : 1;
-      require((d == 2 || d == 3) && B.ndim() == d && A.dtype() == mx::float32 &&
-                  B.dtype() == mx::float32 && (d == 2 || A.shape(0) == B.shape(0)) &&
-                  A.shape(d - 2) == in_widths[l] && A.shape(d - 1) == B.shape(d - 2) &&
-                  B.shape(d - 1) == out_rows[l],
-              "decode layer: a LoRA stack does not fit its product");
-      for (int r = 0; r < rows; r++)
-        require(lora_rows[r] < G, "decode layer: a row's LoRA entry is out of range");
-      inputs.push_back(A);
-      inputs.push_back(B);
-    }
-    if (lora != nullptr)
-      for (int r = 0; r < rows; r++)
-        lrows[r] = lora_rows[r];
     std::vector<mx::Shape> shapes = {ha.shape()};
     std::vector<mx::Dtype> dtypes = {mx::float32};
     std::vector<int> pos(positions, positions + rows);
@@ -655,8 +775,52 @@ extern "C" int mlxhost_decode_layer(
       dtypes.push_back(mx::float32);
       dtypes.push_back(mx::float32);
     }
+    // The LoRA pairs follow the caches.
+    const int G = lora_adapters;
+    require(G >= 0, "decode layer: a negative number of LoRA adapters");
+    LoraSlots slots;
+    std::vector<int> lrows(rows, -1);
+    int next = 0;
+    for (int l = 0; l < 4; l++) {
+      slots[l].resize(G);
+      for (int g = 0; g < G; g++) {
+        LoraSlot& slot = slots[l][g];
+        const int* sp = lora_spans + (size_t(l) * G + g) * 4 * kLoraParts;
+        const float* sc = lora_scales + (size_t(l) * G + g) * kLoraParts;
+        size_t b_size = 0;
+        for (int p = 0; p < kLoraParts; p++) {
+          const LoraPart part{sp[4 * p], sp[4 * p + 1], sp[4 * p + 2], sp[4 * p + 3], sc[p]};
+          if (part.rank == 0)
+            continue;
+          require(part.rank > 0 && part.rank_off == slot.rs && part.width > 0 &&
+                      part.out_off >= 0 && part.out_off + part.width <= out_rows[l] &&
+                      std::isfinite(part.scale),
+                  "decode layer: a LoRA part does not fit its product");
+          slot.part[slot.parts++] = part;
+          slot.rs += part.rank;
+          b_size += size_t(part.rank) * part.width;
+        }
+        if (slot.parts == 0)
+          continue;
+        const auto& A = mlx_array_get_(lora[next]);
+        const auto& B = mlx_array_get_(lora[next + 1]);
+        require(A.dtype() == mx::float16 && B.dtype() == mx::float16 && A.ndim() == 2 &&
+                    A.shape(0) == in_widths[l] && A.shape(1) == slot.rs && B.size() == b_size,
+                "decode layer: a LoRA pair does not fit its product");
+        slot.input = int(inputs.size());
+        inputs.push_back(A);
+        inputs.push_back(B);
+        next += 2;
+      }
+    }
+    for (int r = 0; r < rows && G > 0; r++) {
+      require(lora_rows[r] >= -1 && lora_rows[r] < G,
+              "decode layer: a row's LoRA adapter is out of range");
+      lrows[r] = lora_rows[r];
+    }
     auto stream = mx::default_stream(mx::Device::cpu);
-    auto prim = std::make_shared<DecodeLayer>(stream, std::move(pos), std::move(lrows), sh);
+    auto prim = std::make_shared<DecodeLayer>(
+        stream, std::move(pos), std::move(lrows), std::move(slots), sh);
     auto outs = mx::array::make_arrays(std::move(shapes), dtypes, prim, inputs);
     mlx_array_set_(*h_out, outs[0]);
     for (int r = 0; r < rows; r++) {

@@ -215,7 +215,12 @@ extern "C" {
     /// then weight/scales/biases of qkv, o, gate_up, down, then the q/k/v
     /// bias); `bits`/`groups`/`packed`/`f16`: 4 each (a packed product's
     /// weight is `mlxhost_pack_quantized`'s array, its scales/biases slots
-    /// placeholders). Returns 0, or 1 after reporting through mlx-c's error
+    /// placeholders). LoRA: `lora_adapters` adapters; per product and
+    /// adapter (product-major) 3 parts of (rank offset, rank, output
+    /// offset, width) in `lora_spans` and their scales in `lora_scales`
+    /// (rank 0: no part); `lora` the float16 A and B of each adapted
+    /// (product, adapter) in that order; `lora_rows[r]` row r's adapter
+    /// (-1: none). Returns 0, or 1 after reporting through mlx-c's error
     /// handler.
     pub fn mlxhost_decode_layer(
         h_out: *mut mlx_array,
@@ -231,7 +236,9 @@ extern "C" {
         values: *const mlx_array,
         positions: *const ::std::os::raw::c_int,
         lora: *const mlx_array,
-        lora_present: *const ::std::os::raw::c_int,
+        lora_spans: *const ::std::os::raw::c_int,
+        lora_scales: *const f32,
+        lora_adapters: ::std::os::raw::c_int,
         lora_rows: *const ::std::os::raw::c_int,
         rows: ::std::os::raw::c_int,
         heads: ::std::os::raw::c_int,

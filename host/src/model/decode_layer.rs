@@ -28,6 +28,7 @@ use super::decode_attention::call_row_cache_op;
 use super::error::Result;
 use super::linear::Linear;
 use super::llama::{Layer, Mlp, Projections};
+use super::lora::PackedPair;
 
 /// Whether the fused op may be used at all (CPU backend, kernels on, not
 /// switched off).
@@ -158,17 +159,19 @@ pub struct LayerShape {
     pub rope_theta: f32,
 }
 
-/// The LoRA deltas of one layer's products for the fused op: per product
-/// (q/k/v, o, gate/up, down) `A [G, K, r]` and `B [G, r, N]` float32, or
-/// `[K, r]` and `[r, N]` for one adapter (the scale in B), and per row the
-/// stack entry it runs (-1: none).
+/// The LoRA deltas of one layer's products for the fused op: per adapter
+/// of the step its [`PackedPair`]s for q/k/v, o, gate/up and down (`None`:
+/// not adapted), and per row the index of its adapter (-1: none).
 #[derive(Debug, Clone, Default)]
-pub struct FusedLora {
-    /// Per product, the adapters' stacked A and B.
-    pub stacks: [Option<(Array, Array)>; 4],
-    /// Per row, its entry in the stacks, or -1.
+pub struct FusedLora<'a> {
+    /// Per adapter, per product.
+    pub adapters: Vec<[Option<&'a PackedPair>; 4]>,
+    /// Per row, its adapter, or -1.
     pub rows: Vec<i32>,
 }
+
+/// Parts per product the op takes (q, k, v).
+const LORA_PARTS: usize = 3;
 
 /// One layer for `R` decode rows: `h [R, E]` float32 (the residual stream),
 /// `caches[r]`: row r's key and value buffers `[1, H_kv, capacity, D]`
@@ -184,7 +187,7 @@ pub fn decode_layer(
     caches: Vec<(Array, Array)>,
     positions: &[i32],
     kernel: cpu_quant::Kernel,
-    lora: Option<&FusedLora>,
+    lora: Option<&FusedLora<'_>>,
 ) -> Result<(Array, Vec<(Array, Array)>)> {
     let rows = positions.len();
     if caches.len() != rows || h.shape().first() != Some(&(rows as i32)) {
@@ -198,34 +201,50 @@ pub fn decode_layer(
     let weights: Vec<mlx_sys::mlx_array> = layer.tensors.iter().map(|a| a.as_ptr()).collect();
     let keys: Vec<mlx_sys::mlx_array> = caches.iter().map(|(k, _)| k.as_ptr()).collect();
     let values: Vec<mlx_sys::mlx_array> = caches.iter().map(|(_, v)| v.as_ptr()).collect();
-    // Absent products' slots hold `h` (ignored by the op).
-    let lora_arrays: Vec<mlx_sys::mlx_array> = match lora {
-        Some(l) => l
-            .stacks
-            .iter()
-            .flat_map(|s| match s {
-                Some((a, b)) => [a.as_ptr(), b.as_ptr()],
-                None => [h.as_ptr(), h.as_ptr()],
-            })
-            .collect(),
-        None => Vec::new(),
-    };
-    let present: Vec<i32> = match lora {
-        Some(l) => l.stacks.iter().map(|s| i32::from(s.is_some())).collect(),
-        None => vec![0; 4],
-    };
-    if let Some(l) = lora {
-        if l.rows.len() != rows {
+    // The op's LoRA tables: per product, per adapter (product-major), the
+    // parts' spans and scales; the arrays of the adapted ones in order.
+    let adapters = lora.map_or(&[][..], |l| &l.adapters[..]);
+    let mut lora_arrays: Vec<mlx_sys::mlx_array> = Vec::new();
+    let mut spans: Vec<i32> = Vec::with_capacity(4 * adapters.len() * LORA_PARTS * 4);
+    let mut scales: Vec<f32> = Vec::with_capacity(4 * adapters.len() * LORA_PARTS);
+    for product in 0..4 {
+        for pairs in adapters {
+            let pair = pairs[product];
+            let parts = pair.map_or(&[][..], |p| &p.parts[..]);
+            if parts.len() > LORA_PARTS {
+                return Err(Exception::custom(format!(
+                    "decode layer: a LoRA slot of {} parts (at most {LORA_PARTS})",
+                    parts.len()
+                ))
+                .into());
+            }
+            for i in 0..LORA_PARTS {
+                match parts.get(i) {
+                    Some(p) => {
+                        spans.extend([p.rank_offset, p.rank, p.out_offset, p.width]);
+                        scales.push(p.scale);
+                    }
+                    None => {
+                        spans.extend([0; 4]);
+                        scales.push(0.0);
+                    }
+                }
+            }
+            if let Some(p) = pair {
+                lora_arrays.extend([p.a.as_ptr(), p.b.as_ptr()]);
+            }
+        }
+    }
+    let lora_rows: Vec<i32> = match lora {
+        Some(l) if l.rows.len() != rows => {
             return Err(Exception::custom(format!(
                 "decode layer: {} LoRA rows for {rows} rows",
                 l.rows.len()
             ))
             .into());
         }
-    }
-    let (lora_ptr, lora_rows_ptr) = match lora {
-        Some(l) => (lora_arrays.as_ptr(), l.rows.as_ptr()),
-        None => (std::ptr::null(), std::ptr::null()),
+        Some(l) => l.rows.clone(),
+        None => vec![-1; rows],
     };
     let (status, out, new_k, new_v) = call_row_cache_op(rows, |out, new_k, new_v| {
         // SAFETY: the output handles come from `call_row_cache_op`; the
@@ -244,9 +263,11 @@ pub fn decode_layer(
                 keys.as_ptr(),
                 values.as_ptr(),
                 positions.as_ptr(),
-                lora_ptr,
-                present.as_ptr(),
-                lora_rows_ptr,
+                lora_arrays.as_ptr(),
+                spans.as_ptr(),
+                scales.as_ptr(),
+                adapters.len() as i32,
+                lora_rows.as_ptr(),
                 rows as i32,
                 shape.heads,
                 shape.kv_heads,

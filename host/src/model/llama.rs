@@ -520,7 +520,7 @@ impl Llama {
         let lora = StepLora::new(&adapters, &vec![1; rows.len()]);
         let mut h = self.embed.lookup(&ids, self.dtype)?;
         for (l, layer) in fused.iter().enumerate() {
-            let lora = lora.as_ref().map(|s| s.fused(l, rows.len())).transpose()?;
+            let lora = lora.as_ref().map(|s| s.fused(l, rows.len()));
             let mut caches = Vec::with_capacity(rows.len());
             for row in rows.iter_mut() {
                 let pos = row.cache.offset();

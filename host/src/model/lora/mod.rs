@@ -216,13 +216,49 @@ pub fn read(dir: &Path) -> Result<RawAdapter, LoraError> {
     }
 }
 
-/// A: `[in, r]`, B: `[r, out]` with the scale folded in.
+/// A: `[in, r]`, B: `[r, out]` with the scale folded in (MLX's ops), and
+/// the same parts as the fused CPU decode op reads them.
 #[derive(Debug, Clone)]
 pub struct LoraPair {
     /// `[in, r]`.
     pub a: Array,
     /// `[r, out]`, times the scale.
     pub b: Array,
+    /// The same delta for [`crate::model::decode_layer`].
+    pub packed: PackedPair,
+}
+
+/// One slot of an adapter as the fused CPU decode op reads it: float16
+/// (half the bytes of float32; a batch-1 decode step is bound by the bytes
+/// it reads) and without the zero blocks of [`LoraPair::b`] (an adapter of
+/// q alone reads no k/v columns). The op sums in float32.
+#[derive(Debug, Clone)]
+pub struct PackedPair {
+    /// `[in, sum of ranks]` float16: the parts' A side by side.
+    pub a: Array,
+    /// The parts' B `[rank, width]` float16, row-major, one after another
+    /// (flat: `sum of rank * width` elements).
+    pub b: Array,
+    /// The parts, in A's column order (at most 3: q, k, v).
+    pub parts: Vec<PackedPart>,
+}
+
+/// One module of a [`PackedPair`]: it adds `scale * (x @ A[:,
+/// rank_offset..][..rank]) @ B_part` to output columns `out_offset ..
+/// out_offset + width`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PackedPart {
+    /// Its first column in A.
+    pub rank_offset: i32,
+    /// Its rank.
+    pub rank: i32,
+    /// Its first output column of the slot's product.
+    pub out_offset: i32,
+    /// Its output columns.
+    pub width: i32,
+    /// The adapter's scale times the powers of two [`to_half`] divided
+    /// A and B by.
+    pub scale: f32,
 }
 
 /// An adapter fitted to a model: per layer its four slots.
@@ -405,10 +441,22 @@ fn join_slot(
     let total: i32 = widths.iter().sum();
     let mut a_cols = Vec::new();
     let mut b_rows = Vec::new();
+    let (mut packed_a, mut packed_b, mut packed_parts) = (Vec::new(), Vec::new(), Vec::new());
     for (index, p) in parts {
         let start: i32 = widths[..*index].iter().sum();
         let width = widths[*index];
         let r = p.a.shape()[1];
+        let (ha, fa) = to_half(&p.a)?;
+        let (hb, fb) = to_half(&p.b)?;
+        packed_b.push(hb.flatten(None, None)?);
+        packed_a.push(ha);
+        packed_parts.push(PackedPart {
+            rank_offset: packed_parts.iter().map(|q: &PackedPart| q.rank).sum(),
+            rank: r,
+            out_offset: start,
+            width,
+            scale: p.scale * fa * fb,
+        });
         let b = ops::multiply(p.b.as_dtype(Dtype::Float32)?, Array::from_f32(p.scale))?;
         let mut row = Vec::new();
         if start > 0 {
@@ -430,7 +478,35 @@ fn join_slot(
         b: ops::concatenate(&b_rows, 0)?
             .as_dtype(dtype)?
             .contiguous()?,
+        packed: PackedPair {
+            a: ops::concatenate(&packed_a, 1)?.contiguous()?,
+            b: ops::concatenate(&packed_b, 0)?.contiguous()?,
+            parts: packed_parts,
+        },
     })
+}
+
+/// `x` in float16 for the fused decode op, divided by a power of two `f`
+/// that puts its largest magnitude in `[2^14, 2^15)` (float16's largest
+/// normal numbers): any float32 adapter fits float16's range, and values
+/// down to 2^-29 of the largest stay normal, so only the mantissa is
+/// rounded (exact for float16 adapters, and bfloat16 ones within that
+/// range). Returns the float16 array and `f` (`x = f * result`).
+///
+/// Errors: MLX failures.
+fn to_half(x: &Array) -> Result<(Array, f32), LoraError> {
+    let x = x.as_dtype(Dtype::Float32)?;
+    let largest = ops::abs(&x)?.max(None)?.item_exact::<f32>();
+    let f = if largest > 0.0 && largest.is_finite() {
+        // largest in [2^e, 2^(e + 1)) (read from its exponent bits: exact);
+        // the clamp keeps 1 / f finite for subnormal `largest`.
+        let e = ((largest.to_bits() >> 23) & 0xff) as i32 - 127;
+        2f32.powi((e - 14).clamp(-100, 100))
+    } else {
+        1.0
+    };
+    let h = ops::multiply(&x, Array::from_f32(1.0 / f))?.as_dtype(Dtype::Float16)?;
+    Ok((h, f))
 }
 
 /// The prompt cache namespace of KV computed under `adapter` on top of the
@@ -567,46 +643,30 @@ impl<'a> StepLora<'a> {
     }
 }
 
-impl StepLora<'_> {
+impl<'a> StepLora<'a> {
     /// Layer `layer`'s deltas for the fused CPU decode op
     /// ([`crate::model::decode_layer`]), for a step whose every row feeds
-    /// one token (`rows` of them): one adapter as a stack of one, a mix as
-    /// the step's stacks (base rows skipped). Float32, as that op
-    /// computes.
-    pub fn fused(
-        &self,
-        layer: usize,
-        rows: usize,
-    ) -> Result<crate::model::decode_layer::FusedLora, LoraError> {
-        let mut out = crate::model::decode_layer::FusedLora::default();
-        let slots = [Slot::Qkv, Slot::O, Slot::GateUp, Slot::Down];
+    /// one token (`rows` of them): each adapter of the step with its
+    /// [`PackedPair`]s, each row with its adapter's index (-1: base).
+    pub fn fused(&self, layer: usize, rows: usize) -> crate::model::decode_layer::FusedLora<'a> {
+        let packed = |a: &'a LoraAdapter| {
+            [Slot::Qkv, Slot::O, Slot::GateUp, Slot::Down]
+                .map(|s| a.pair(layer, s).map(|p| &p.packed))
+        };
         match &self.plan {
-            Plan::Uniform(a) => {
-                for (i, slot) in slots.into_iter().enumerate() {
-                    if let Some(p) = a.pair(layer, slot) {
-                        out.stacks[i] =
-                            Some((cast(&p.a, Dtype::Float32)?, cast(&p.b, Dtype::Float32)?));
-                    }
-                }
-                out.rows = vec![0; rows];
-            }
+            Plan::Uniform(a) => crate::model::decode_layer::FusedLora {
+                adapters: vec![packed(a)],
+                rows: vec![0; rows],
+            },
             Plan::Mixed {
                 adapters,
                 slot_list,
-                key,
                 ..
-            } => {
-                let stacks = stacks_for(key, adapters)?;
-                for (i, slot) in slots.into_iter().enumerate() {
-                    out.stacks[i] = stacks.get(&(layer, slot)).cloned();
-                }
-                out.rows = slot_list
-                    .iter()
-                    .map(|&s| if s == 0 { -1 } else { s as i32 })
-                    .collect();
-            }
+            } => crate::model::decode_layer::FusedLora {
+                adapters: adapters.iter().map(|a| packed(a)).collect(),
+                rows: slot_list.iter().map(|&s| s as i32 - 1).collect(),
+            },
         }
-        Ok(out)
     }
 }
 

@@ -181,3 +181,71 @@ fn namespaces_differ_by_adapter_content() {
     );
     assert_ne!(namespace("Float32", Some(&a)), "Float32");
 }
+
+/// The fused decode op's packed parts (float16, no zero blocks) give the
+/// block-diagonal pair's delta: an adapter of q and v only reads no k
+/// columns, and values far outside float16's range survive the power-of-two
+/// factors.
+#[test]
+fn packed_parts_equal_the_block_diagonal_pair() {
+    let t = targets(1);
+    let mut q = part(0, Module::Q, 8, 2, 8, 1);
+    // Far past float16's largest (65504) and smallest normal (6e-5).
+    q.b = ops::multiply(&q.b, Array::from_f32(1e6)).expect("scale");
+    let mut v = part(0, Module::V, 8, 3, 4, 2);
+    v.a = ops::multiply(&v.a, Array::from_f32(1e-7)).expect("scale");
+    let adapter = LoraAdapter::build("x", raw(vec![q, v]), &t).expect("build");
+    let pair = adapter.pair(0, Slot::Qkv).expect("qkv");
+    let packed = &pair.packed;
+    let spans: Vec<(i32, i32, i32, i32)> = packed
+        .parts
+        .iter()
+        .map(|p| (p.rank_offset, p.rank, p.out_offset, p.width))
+        .collect();
+    assert_eq!(spans, [(0, 2, 0, 8), (2, 3, 12, 4)]);
+    assert_eq!(packed.a.dtype(), Dtype::Float16);
+    assert_eq!(packed.b.dtype(), Dtype::Float16);
+    assert_eq!(packed.b.size(), 2 * 8 + 3 * 4, "no zero blocks");
+    // x @ (A @ B) from the packed parts against the block-diagonal pair.
+    let x = normal(&[3, 8], 7);
+    let want = values(&ops::matmul(ops::matmul(&x, &pair.a).expect("xa"), &pair.b).expect("xab"));
+    let a = packed.a.as_dtype(Dtype::Float32).expect("a");
+    let b = packed.b.as_dtype(Dtype::Float32).expect("b");
+    let mut b_at = 0;
+    for p in &packed.parts {
+        let ap = a.index((.., p.rank_offset..p.rank_offset + p.rank));
+        let bp = b
+            .index(b_at..b_at + p.rank * p.width)
+            .reshape(&[p.rank, p.width])
+            .expect("reshape");
+        b_at += p.rank * p.width;
+        let d = ops::multiply(
+            ops::matmul(ops::matmul(&x, &ap).expect("xa"), &bp).expect("xab"),
+            Array::from_f32(p.scale),
+        )
+        .expect("scale");
+        let d = values(&d);
+        let cols = |row: usize| {
+            row * 16 + p.out_offset as usize..row * 16 + (p.out_offset + p.width) as usize
+        };
+        // float16's 11-bit mantissa: within 2^-9 of the part's largest value
+        // (the parts' magnitudes differ by 13 orders).
+        let largest = (0..3)
+            .flat_map(|row| want[cols(row)].to_vec())
+            .fold(0f32, |m, x| m.max(x.abs()));
+        assert!(largest > 0.0);
+        for row in 0..3 {
+            for (c, (g, w)) in d[row * p.width as usize..][..p.width as usize]
+                .iter()
+                .zip(&want[cols(row)])
+                .enumerate()
+            {
+                assert!(
+                    (g - w).abs() <= 2e-3 * largest,
+                    "row {row}, part at {}, column {c}: {g} vs {w}",
+                    p.out_offset
+                );
+            }
+        }
+    }
+}
