@@ -5,16 +5,12 @@
 //! `lora_parameters` (`rank`, `scale`, `dropout`, `keys`). The delta is
 //! `scale * (x @ lora_a) @ lora_b` (mlx-lm's `LoRALinear`).
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use mlx_rs::Array;
 use serde::Deserialize;
 
-use super::{LoraError, LoraPart, Module, RawAdapter};
-
-/// A module's A and B as found, with their names.
-type Pair = (Option<(String, Array)>, Option<(String, Array)>);
+use super::{pair_parts, FoundTensor, LoraError, Module, RawAdapter};
 
 /// The weights file.
 pub const WEIGHTS: &str = "adapters.safetensors";
@@ -57,7 +53,7 @@ pub fn read(dir: &Path) -> Result<RawAdapter, LoraError> {
     }
     let path = dir.join(WEIGHTS);
     let tensors = Array::load_safetensors(&path).map_err(|e| LoraError::invalid(&path, e))?;
-    let mut pairs: BTreeMap<(usize, Module), Pair> = BTreeMap::new();
+    let mut found = Vec::with_capacity(tensors.len());
     for (name, array) in tensors {
         let (layer, module, leaf) = parse_name(&name).ok_or_else(|| {
             LoraError::invalid(
@@ -65,34 +61,20 @@ pub fn read(dir: &Path) -> Result<RawAdapter, LoraError> {
                 format!("tensor `{name}` is not `model.layers.N.<projection>.lora_a|lora_b` of an adapted projection"),
             )
         })?;
-        let entry = pairs.entry((layer, module)).or_default();
-        match leaf {
-            "lora_a" => entry.0 = Some((name, array)),
-            _ => entry.1 = Some((name, array)),
-        }
+        found.push(FoundTensor {
+            layer,
+            module,
+            is_a: leaf == "lora_a",
+            name,
+            array,
+        });
     }
-    let mut parts = Vec::with_capacity(pairs.len());
-    for ((layer, module), pair) in pairs {
-        match pair {
-            (Some((na, a)), Some((nb, b))) => parts.push(LoraPart {
-                layer,
-                module,
-                a,
-                b,
-                scale: config.lora_parameters.scale,
-                names: (na, nb),
-            }),
-            (Some((n, _)), None) | (None, Some((n, _))) => {
-                return Err(LoraError::invalid(
-                    &path,
-                    format!(
-                    "tensor `{n}` has no partner (an adapted projection needs lora_a and lora_b)"
-                ),
-                ))
-            }
-            (None, None) => {}
-        }
-    }
+    let parts = pair_parts(
+        &path,
+        found,
+        config.lora_parameters.scale,
+        "lora_a and lora_b",
+    )?;
     Ok(RawAdapter {
         format: "mlx",
         parts,

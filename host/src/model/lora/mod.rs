@@ -196,6 +196,64 @@ pub struct RawAdapter {
     pub path: PathBuf,
 }
 
+/// One LoRA tensor of a format's file, recognized by that format: its
+/// layer, module, whether it is A (else B), its name as stored and its
+/// array in mlx-lm's orientation (A `[in, r]`, B `[r, out]`).
+pub struct FoundTensor {
+    /// Decoder layer.
+    pub layer: usize,
+    /// Which projection.
+    pub module: Module,
+    /// A (`lora_a`, `lora_A`), else B.
+    pub is_a: bool,
+    /// The name in the file (for errors).
+    pub name: String,
+    /// The array.
+    pub array: Array,
+}
+
+/// Pairs each projection's A with its B into [`LoraPart`]s of `scale`, in
+/// (layer, module) order. `path`: the weights file (for errors); `leaves`:
+/// the format's names of A and B (`lora_a and lora_b`), for the message.
+///
+/// Errors: an A without its B or a B without its A (naming the tensor).
+pub fn pair_parts(
+    path: &Path,
+    tensors: Vec<FoundTensor>,
+    scale: f32,
+    leaves: &str,
+) -> Result<Vec<LoraPart>, LoraError> {
+    type Half = Option<(String, Array)>;
+    let mut pairs: std::collections::BTreeMap<(usize, Module), (Half, Half)> =
+        std::collections::BTreeMap::new();
+    for t in tensors {
+        let entry = pairs.entry((t.layer, t.module)).or_default();
+        let side = if t.is_a { &mut entry.0 } else { &mut entry.1 };
+        *side = Some((t.name, t.array));
+    }
+    let mut parts = Vec::with_capacity(pairs.len());
+    for ((layer, module), pair) in pairs {
+        match pair {
+            (Some((na, a)), Some((nb, b))) => parts.push(LoraPart {
+                layer,
+                module,
+                a,
+                b,
+                scale,
+                names: (na, nb),
+            }),
+            (Some((n, _)), None) | (None, Some((n, _))) => {
+                return Err(LoraError::invalid(
+                    path,
+                    format!("tensor `{n}` has no partner (an adapted projection needs {leaves})"),
+                ))
+            }
+            (None, None) => {}
+        }
+    }
+    Ok(parts)
+}
+
 /// Reads the adapter in `dir`, in whichever format its files say.
 ///
 /// Errors: neither format's files, or a file that does not parse.

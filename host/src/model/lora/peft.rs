@@ -8,16 +8,12 @@
 //! alphas (`rank_pattern`, `alpha_pattern`), DoRA and bias training are
 //! refused.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use mlx_rs::Array;
 use serde::Deserialize;
 
-use super::{LoraError, LoraPart, Module, RawAdapter};
-
-/// A module's A and B as found, with their names.
-type Pair = (Option<(String, Array)>, Option<(String, Array)>);
+use super::{pair_parts, FoundTensor, LoraError, Module, RawAdapter};
 
 /// The weights file.
 pub const WEIGHTS: &str = "adapter_model.safetensors";
@@ -79,7 +75,7 @@ pub fn read(dir: &Path) -> Result<RawAdapter, LoraError> {
     };
     let path = dir.join(WEIGHTS);
     let tensors = Array::load_safetensors(&path).map_err(|e| LoraError::invalid(&path, e))?;
-    let mut pairs: BTreeMap<(usize, Module), Pair> = BTreeMap::new();
+    let mut found = Vec::with_capacity(tensors.len());
     for (name, array) in tensors {
         let (layer, module, is_a) = parse_name(&name).ok_or_else(|| {
             LoraError::invalid(
@@ -96,35 +92,16 @@ pub fn read(dir: &Path) -> Result<RawAdapter, LoraError> {
                 ));
             }
         }
-        let entry = pairs.entry((layer, module)).or_default();
-        if is_a {
-            entry.0 = Some((name, array.t()));
-        } else {
-            entry.1 = Some((name, array.t()));
-        }
+        // PEFT stores A [r, in] and B [out, r]: transposed views.
+        found.push(FoundTensor {
+            layer,
+            module,
+            is_a,
+            name,
+            array: array.t(),
+        });
     }
-    let mut parts = Vec::with_capacity(pairs.len());
-    for ((layer, module), pair) in pairs {
-        match pair {
-            (Some((na, a)), Some((nb, b))) => parts.push(LoraPart {
-                layer,
-                module,
-                a,
-                b,
-                scale,
-                names: (na, nb),
-            }),
-            (Some((n, _)), None) | (None, Some((n, _))) => {
-                return Err(LoraError::invalid(
-                    &path,
-                    format!(
-                    "tensor `{n}` has no partner (an adapted projection needs lora_A and lora_B)"
-                ),
-                ))
-            }
-            (None, None) => {}
-        }
-    }
+    let parts = pair_parts(&path, found, scale, "lora_A and lora_B")?;
     Ok(RawAdapter {
         format: "peft",
         parts,
