@@ -6,6 +6,7 @@ use std::process::{Command, Output};
 
 use serde::Deserialize;
 
+pub mod requests;
 pub mod sliding_cache;
 pub mod tiny_fixture;
 

@@ -19,13 +19,12 @@ use std::time::Duration;
 use mlxhost::cache::ssd::{KvGeometry, ModelIdentity};
 use mlxhost::cache::{PrefixCache, PromptCache, SsdCache, SsdConfig};
 use mlxhost::engine::scheduler::{ChainSource, Pending, Scheduler, SchedulerConfig};
-use mlxhost::engine::{
-    GenerateError, GenerateEvent, GenerateRequest, GenerateSummary, SequenceSink,
-};
+use mlxhost::engine::{GenerateError, GenerateEvent, GenerateSummary, SequenceSink};
 use mlxhost::model::LoadedModel;
-use mlxhost::plugin::{PluginHost, PluginLimits, SamplingParams, VocabView};
+use mlxhost::plugin::{PluginHost, PluginLimits, VocabView};
 
 use crate::plugin_folder_with;
+use crate::requests::greedy_request;
 
 /// Logprobs of a warm and a cold run agree within this (both float32; the
 /// graphs differ only in how the prompt was split into forwards).
@@ -102,23 +101,7 @@ pub fn generate(
     let record = Rc::new(RefCell::new(Record::default()));
     let mut scheduler = Scheduler::new(SchedulerConfig::default());
     scheduler.submit(Pending {
-        request: GenerateRequest {
-            prompt_ids: prompt.to_vec(),
-            max_tokens,
-            stop: Vec::new(),
-            keep_special: false,
-            forced_choices: Vec::new(),
-            params: SamplingParams {
-                temperature: 0.0,
-                ..Default::default()
-            },
-            sampler: "standard".into(),
-            processors: Vec::new(),
-            plugin_params: serde_json::json!({}),
-            top_logprobs: 2,
-            speculative: Default::default(),
-            lora: None,
-        },
+        request: greedy_request(prompt, max_tokens, 2),
         chain: ChainSource::Plugins(f.plugins.clone()),
         sink: Box::new(Sink(Rc::clone(&record))),
     });

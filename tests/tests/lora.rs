@@ -25,8 +25,9 @@ use mlxhost::engine::scheduler::{ChainSource, Pending, Scheduler, SchedulerConfi
 use mlxhost::engine::GenerateRequest;
 use mlxhost::model::lora::LoraSet;
 use mlxhost::model::LoadedModel;
-use mlxhost::plugin::{PluginHost, PluginLimits, SamplingParams, VocabView};
+use mlxhost::plugin::{PluginHost, PluginLimits, VocabView};
 use mlxhost::score::ScoreOutput;
+use mlxhost_e2e::requests::greedy_request;
 use mlxhost_e2e::sliding_cache::{Record, Sink};
 use mlxhost_e2e::tiny_fixture::{assert_matches, read_scores};
 use mlxhost_e2e::{
@@ -291,21 +292,8 @@ fn engine_fixture(dir: &Path) -> Fixture {
 
 fn request(prompt: &[u32], max_tokens: usize, lora: Option<&str>) -> GenerateRequest {
     GenerateRequest {
-        prompt_ids: prompt.to_vec(),
-        max_tokens,
-        stop: Vec::new(),
-        keep_special: false,
-        forced_choices: Vec::new(),
-        params: SamplingParams {
-            temperature: 0.0,
-            ..Default::default()
-        },
-        sampler: "standard".into(),
-        processors: Vec::new(),
-        plugin_params: serde_json::json!({}),
-        top_logprobs: 2,
-        speculative: Default::default(),
         lora: lora.map(String::from),
+        ..greedy_request(prompt, max_tokens, 2)
     }
 }
 

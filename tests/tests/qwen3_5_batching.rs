@@ -15,6 +15,7 @@ use mlxhost::engine::{
     GenerateError, GenerateEvent, GenerateRequest, GenerateSummary, SequenceSink,
 };
 use mlxhost::plugin::SamplingParams;
+use mlxhost_e2e::requests::greedy_request;
 use mlxhost_e2e::sliding_cache::{fixture, Fixture};
 
 /// Batched and alone compute the same float32 graph on different row
@@ -58,18 +59,8 @@ fn request(prompt: Vec<u32>, max_tokens: usize, seed: Option<u64>) -> GenerateRe
         },
     };
     GenerateRequest {
-        prompt_ids: prompt,
-        max_tokens,
-        stop: Vec::new(),
-        keep_special: false,
-        forced_choices: Vec::new(),
         params,
-        sampler: "standard".into(),
-        processors: Vec::new(),
-        plugin_params: serde_json::json!({}),
-        top_logprobs: 0,
-        speculative: Default::default(),
-        lora: None,
+        ..greedy_request(&prompt, max_tokens, 0)
     }
 }
 
