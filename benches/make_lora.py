@@ -28,6 +28,11 @@ BASE is the default model converted to MLX's layout (mlx-lm cannot read its GGUF
   target/release/mlxhost convert ~/.cache/mlxhost/models/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/smollm2-mlx
   /tmp/mlxvenv/bin/python benches/make_lora.py /tmp/smollm2-mlx tests/fixtures/lora
 
+`mlx-lm-scores.<name>-fused.jsonl`: the same rows scored by mlx-lm's fused model (`mlx_lm.fuse`'s
+step: each `LoRALinear.fuse()`, the 4-bit weights dequantized, the delta added and quantized again
+with their own bits and group size), after the float32 cast, as `--lora-merge` merges.
+`--fused BASE OUT` writes just these (the adapters already in OUT).
+
 `--bench DIR --rank R [--count N]` writes N adapters (`bench0`..) of rank R over every projection
 of every layer, mlx-lm format only, no scores: benches/lora.sh's adapters (too large to commit).
 """
@@ -37,6 +42,7 @@ import os
 import sys
 
 import mlx.core as mx
+from mlx.utils import tree_unflatten
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
 
@@ -128,6 +134,23 @@ def load32(base, adapter):
     return model
 
 
+def fuse(model):
+    """`mlx_lm.fuse`'s step: every `LoRALinear` replaced by its `fuse()` (re-quantized)."""
+    fused = [(n, m.fuse()) for n, m in model.named_modules() if hasattr(m, "fuse")]
+    model.update_modules(tree_unflatten(fused))
+    mx.eval(model.parameters())
+    return model
+
+
+def fused_scores(base, out):
+    with open(os.path.join(out, "rows.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    for name in ADAPTERS:
+        model = fuse(load32(base, os.path.join(out, f"{name}-mlx")))
+        m = write_scores(os.path.join(out, f"mlx-lm-scores.{name}-fused.jsonl"), model, rows)
+        print(f"{name} fused: smallest top-2 margin {m:.3f} nats")
+
+
 def fixtures(base, out):
     os.makedirs(out, exist_ok=True)
     for name, spec in ADAPTERS.items():
@@ -150,6 +173,7 @@ def fixtures(base, out):
     margins["base"] = write_scores(os.path.join(out, "mlx-lm-scores.base.jsonl"), plain, rows)
     for name, m in margins.items():
         print(f"{name}: smallest top-2 margin {m:.3f} nats")
+    fused_scores(base, out)
 
 
 def bench(out, rank, count):
@@ -165,9 +189,12 @@ def main():
     p.add_argument("--bench")
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--count", type=int, default=4)
+    p.add_argument("--fused", action="store_true")
     a = p.parse_args()
     if a.bench:
         bench(a.bench, a.rank, a.count)
+    elif a.fused:
+        fused_scores(a.base, a.out)
     else:
         fixtures(a.base, a.out)
 
