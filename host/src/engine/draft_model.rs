@@ -37,6 +37,13 @@ pub const DRAFTER_NAME: &str = "draft-model";
 /// as the target's prefill chunk does).
 const CATCH_UP_CHUNK: usize = 512;
 
+/// The most tokens a row that drafted last step catches up with: the
+/// target's token after a rejection, or the last draft and the bonus token
+/// after a fully accepted draft (the last draft is never fed while
+/// drafting). More means the row skipped steps or drafts for the first
+/// time.
+const STEADY_CATCH_UP: usize = 2;
+
 /// A draft model that cannot draft for the target.
 #[derive(Debug, thiserror::Error)]
 pub enum DraftModelError {
@@ -202,10 +209,10 @@ pub struct DraftBatch {
     pub drafts: Vec<Vec<u32>>,
     /// Wall time of the draft forwards and reads.
     pub took: Duration,
-    /// Whether some row caught up more than its last step's tokens (a
-    /// first draft re-feeds the prompt): the step's cost then says
+    /// Per row, whether it caught up with more than a step's tokens (a
+    /// first draft prefills the prompt): its share of `took` then says
     /// nothing about steady drafting.
-    pub caught_up_long: bool,
+    pub long: Vec<bool>,
 }
 
 /// Drafts for every row in `asks` with `draft`, greedily, as one batch
@@ -229,8 +236,7 @@ pub fn draft_batch(
         .iter_mut()
         .map(|a| a.row.align(draft, a.history))
         .collect();
-    // A steady step feeds the target's token and the drafts accepted since.
-    out.caught_up_long = pending.iter().any(|p| p.len() > max_k + 1);
+    out.long = pending.iter().map(|p| p.len() > STEADY_CATCH_UP).collect();
     // Each row's latest greedy token `[1]` (lazy), once its catch-up ends.
     let mut next: Vec<Option<Array>> = vec![None; asks.len()];
     while pending.iter().any(|p| !p.is_empty()) {

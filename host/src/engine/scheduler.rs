@@ -349,8 +349,7 @@ impl<'s> Scheduler<'s> {
             return report;
         }
         let take = self.plan();
-        let proposed = self.propose_drafts(&take, model);
-        let drafted = proposed.drafted;
+        let drafted = self.propose_drafts(&take, model);
         self.spec.verify_steps += u64::from(drafted > 0);
         // Rows fed this step, and rows reading a token a lookahead chose.
         report.rows = self
@@ -450,13 +449,10 @@ impl<'s> Scheduler<'s> {
         retire.sort_by_key(|(i, _)| *i);
         let elapsed = started.elapsed();
         self.record(&report, chosen, elapsed);
-        // The draft model's forwards are part of what a drafted step costs
-        // (a plugin's drafting is, at most, a fraction of a millisecond). A
-        // step where a row caught its draft cache up with a whole prompt
-        // measures that catch-up, not steady drafting: it is not recorded.
-        if report.prefill_tokens == 0 && report.rows > 0 && !proposed.caught_up_long {
-            self.gate
-                .record(report.rows, drafted, elapsed + proposed.draft_time);
+        // The gate measures the target's side (the drafters' time is each
+        // row's own: `RowSpec::record_draft_time`).
+        if report.prefill_tokens == 0 && report.rows > 0 {
+            self.gate.record(report.rows, drafted, elapsed);
         }
         report.retired += retire.len();
         // Highest index first, so the indices left stay valid.
@@ -504,22 +500,22 @@ impl<'s> Scheduler<'s> {
     /// ([`draft_model::draft_batch`]). A drafter that fails is dropped: its
     /// row decodes on without drafts (a failed draft-model batch drops the
     /// draft model for every row in it).
-    fn propose_drafts(&mut self, take: &[usize], model: &LoadedModel) -> Proposed {
+    fn propose_drafts(&mut self, take: &[usize], model: &LoadedModel) -> usize {
         for s in &mut self.running {
             s.drafts.clear();
         }
-        let mut proposed = Proposed::default();
+        let mut proposed = 0;
         let candidates: Vec<usize> = (0..self.running.len())
             .filter(|&i| take[i] > 0 && self.running[i].can_draft())
             .collect();
         if candidates.is_empty() {
-            return proposed;
+            return 0;
         }
         // The gate judges decode-only steps by their row count.
         let prefilling = self.running.iter().any(|s| s.phase() == Phase::Prefill);
         let rows = take.iter().filter(|&&n| n > 0).count();
         if !prefilling && !self.gate.allows(rows) {
-            return proposed;
+            return 0;
         }
         let cost = self.gate.cost(rows);
         // Rows of the draft model and their draft lengths.
@@ -538,7 +534,7 @@ impl<'s> Scheduler<'s> {
             }
             match spec.propose(&seq.ids, room, cost) {
                 Ok(drafts) => {
-                    proposed.drafted += drafts.len();
+                    proposed += drafts.len();
                     seq.drafts = drafts;
                 }
                 Err(e) => {
@@ -549,20 +545,21 @@ impl<'s> Scheduler<'s> {
             }
         }
         if let (false, Some(draft)) = (batched.is_empty(), model.draft.as_deref()) {
-            self.draft_with_model(draft, model, &batched, &mut proposed);
+            proposed += self.draft_with_model(draft, model, &batched);
         }
         proposed
     }
 
     /// Drafts rows `batched` (index, draft length) with the draft model,
     /// all together; on failure every one of them drops the draft model.
+    /// Returns the number of drafts.
     fn draft_with_model(
         &mut self,
         draft: &LoadedModel,
         model: &LoadedModel,
         batched: &[(usize, usize)],
-        proposed: &mut Proposed,
-    ) {
+    ) -> usize {
+        let mut proposed = 0;
         let vocab = model.model.config().vocab_size;
         let mut asks: Vec<draft_model::DraftAsk<'_>> = Vec::with_capacity(batched.len());
         let mut members: Vec<usize> = Vec::with_capacity(batched.len());
@@ -587,12 +584,20 @@ impl<'s> Scheduler<'s> {
         drop(by_index);
         match result {
             Ok(batch) => {
-                proposed.draft_time += batch.took;
                 self.spec.draft_model_ms += 1e3 * batch.took.as_secs_f64();
-                proposed.caught_up_long |= batch.caught_up_long;
-                for (i, drafts) in members.into_iter().zip(batch.drafts) {
-                    proposed.drafted += drafts.len();
-                    self.running[i].drafts = drafts;
+                // Each row's share of the forwards is its drafting cost,
+                // except where it caught up with more than a step's tokens
+                // (its first draft prefills the prompt): that is not what
+                // steady drafting costs.
+                let share = batch.took / members.len().max(1) as u32;
+                for ((i, drafts), long) in members.into_iter().zip(batch.drafts).zip(batch.long) {
+                    proposed += drafts.len();
+                    let seq = &mut self.running[i];
+                    if let (false, Some(spec)) = (long, seq.spec.as_mut()) {
+                        let k = batched.iter().find(|b| b.0 == i).map_or(0, |b| b.1);
+                        spec.record_draft_time(share, k);
+                    }
+                    seq.drafts = drafts;
                 }
             }
             Err(e) => {
@@ -603,6 +608,7 @@ impl<'s> Scheduler<'s> {
                 }
             }
         }
+        proposed
     }
 
     /// Ends row `i`'s verification if one is in progress (trims rejected
@@ -1093,17 +1099,6 @@ impl<'s> Scheduler<'s> {
     }
 }
 
-/// What [`Scheduler::propose_drafts`] proposed.
-#[derive(Debug, Default)]
-struct Proposed {
-    /// Draft tokens, all rows.
-    drafted: usize,
-    /// Time in the draft model's forwards.
-    draft_time: Duration,
-    /// Whether a draft-model row caught up with more than a step's tokens.
-    caught_up_long: bool,
-}
-
 /// A waiting request defers to a prefilling row only for at least this
 /// many more shared tokens (a chat template's first few tokens are common
 /// to every request).
@@ -1173,6 +1168,7 @@ fn row_shape(model: &LoadedModel) -> RowShape {
         model.model.kv_shapes(),
         elem,
     )
+    .with_kv_quant(model.model.new_cache().quant())
 }
 
 /// The request's sampler and processors, instantiated from `host`.

@@ -146,6 +146,13 @@ pub struct RowSpec {
     pub drafted: u64,
     /// Of those, accepted.
     pub accepted: u64,
+    /// Smoothed seconds the drafter takes per draft token for this row
+    /// (its share of the draft model's batched forwards; next to nothing
+    /// for a plugin), added to the step's per-draft cost in
+    /// [`RowSpec::best_k`].
+    draft_per_token: f64,
+    /// Drafts timed so far.
+    draft_timed: u32,
 }
 
 impl RowSpec {
@@ -164,6 +171,8 @@ impl RowSpec {
             modelled: false,
             drafted: 0,
             accepted: 0,
+            draft_per_token: 0.0,
+            draft_timed: 0,
         }
     }
 
@@ -176,15 +185,18 @@ impl RowSpec {
     /// with each draft accepted with probability `a` until the first
     /// rejection: a step of `k` drafts emits `(1 - a^(k+1)) / (1 - a)`
     /// tokens (the accepted drafts and the token after them) for
-    /// `share + k * per_draft` seconds of the batch's time, against one
-    /// token per `share` without drafts. `None` when no length beats that.
+    /// `share + k * (per_draft + drafting)` seconds of the batch's time
+    /// (`drafting`: what the drafter takes per draft token for this row,
+    /// [`RowSpec::record_draft_time`]), against one token per `share`
+    /// without drafts. `None` when no length beats that.
     pub fn best_k(&self, cost: StepCost) -> Option<usize> {
         let a = self.acceptance();
         let plain = 1.0 / cost.share;
+        let per_draft = cost.per_draft + self.draft_per_token;
         (1..=self.max_draft.max(1))
             .map(|k| {
                 let tokens = (1.0 - a.powi(k as i32 + 1)) / (1.0 - a);
-                (k, tokens / (cost.share + k as f64 * cost.per_draft))
+                (k, tokens / (cost.share + k as f64 * per_draft))
             })
             .filter(|&(_, v)| v > plain)
             .max_by(|x, y| x.1.total_cmp(&y.1))
@@ -204,10 +216,30 @@ impl RowSpec {
         room: usize,
         cost: Option<StepCost>,
     ) -> Result<Vec<u32>, String> {
-        match self.plan(room, cost) {
-            Some(k) => self.drafter.draft(history, k),
-            None => Ok(Vec::new()),
+        let Some(k) = self.plan(room, cost) else {
+            return Ok(Vec::new());
+        };
+        let started = std::time::Instant::now();
+        let drafts = self.drafter.draft(history, k)?;
+        self.record_draft_time(started.elapsed(), k);
+        Ok(drafts)
+    }
+
+    /// The drafter took `took` of the batch's time to draft `k` tokens for
+    /// this row: updates the per-token drafting cost [`RowSpec::best_k`]
+    /// weighs (a draft model's forwards are a real part of what a draft
+    /// costs).
+    pub fn record_draft_time(&mut self, took: Duration, k: usize) {
+        if k == 0 {
+            return;
         }
+        let per = took.as_secs_f64() / k as f64;
+        self.draft_per_token = if self.draft_timed == 0 {
+            per
+        } else {
+            (1.0 - GATE_ALPHA) * self.draft_per_token + GATE_ALPHA * per
+        };
+        self.draft_timed = self.draft_timed.saturating_add(1);
     }
 
     /// The draft length for the row's next step (see
@@ -583,6 +615,32 @@ mod tests {
             assert!(r.propose(&[1], 8, Some(cpu)).unwrap_or_default().is_empty());
         }
         assert_eq!(r.propose(&[1], 8, Some(cpu)).unwrap_or_default(), vec![1]);
+    }
+
+    #[test]
+    fn the_drafters_own_time_counts_in_the_draft_length() {
+        let mut r = RowSpec::new(Box::new(Fixed(vec![1; 16])), 8);
+        for _ in 0..10 {
+            r.record(4, 4);
+        }
+        let cpu = StepCost {
+            share: 0.030,
+            per_draft: 0.010,
+        };
+        let free = r.best_k(cpu).unwrap_or(0);
+        // A draft model as costly per token as a plain step: drafting
+        // cannot pay even at 99% acceptance.
+        r.record_draft_time(Duration::from_millis(120), 4);
+        assert!(
+            free >= 5 && r.best_k(cpu).is_none(),
+            "{free} {:?}",
+            r.best_k(cpu)
+        );
+        // A cheap one: long drafts again.
+        for _ in 0..40 {
+            r.record_draft_time(Duration::from_millis(4), 4);
+        }
+        assert!(r.best_k(cpu).unwrap_or(0) >= 4);
     }
 
     #[test]
