@@ -420,3 +420,65 @@ fn qwen3_two_ranks_match_mlx_lm() {
         assert_scores_close(&ours, &reference, 0.05);
     }
 }
+
+/// The several-machines path on one machine: a hostfile, the worker
+/// started by hand (`tp-worker`, as on another machine), rank 0 with
+/// `--hostfile` and `--tp-control`; scores equal one rank's, and the
+/// worker exits once rank 0 is done.
+#[test]
+fn hostfile_with_a_worker_started_by_hand_scores_like_one_rank() {
+    let model = model_path();
+    let ports: Vec<u16> = (0..3)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("port"))
+        .collect::<Vec<_>>()
+        .iter()
+        .map(|l| l.local_addr().expect("addr").port())
+        .collect();
+    let mut hostfile = tempfile::NamedTempFile::new().expect("temp file");
+    let hosts = json!([
+        [format!("127.0.0.1:{}", ports[0])],
+        [format!("127.0.0.1:{}", ports[1])]
+    ]);
+    write!(hostfile, "{hosts}").expect("write hostfile");
+    let hostfile = hostfile.path().to_str().expect("utf-8 path").to_string();
+    let control = format!("127.0.0.1:{}", ports[2]);
+    let mut worker = Command::new(binary())
+        .args([
+            "tp-worker",
+            "--rank",
+            "1",
+            "--hostfile",
+            &hostfile,
+            "--control",
+            &control,
+        ])
+        .args(["--model", model.to_str().expect("utf-8 path")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the worker");
+    let input = score_input(&reference_rows());
+    let two = score(
+        &model,
+        &input,
+        &[
+            "--tensor-parallel",
+            "2",
+            "--hostfile",
+            &hostfile,
+            "--tp-control",
+            &control,
+        ],
+    );
+    let one = score(&model, &input, &[]);
+    assert_scores_close(&two, &one, SMOLLM2_TOL);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = worker.try_wait().expect("worker status") {
+            assert!(status.success(), "the worker exited with {status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the worker outlived rank 0");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
