@@ -181,3 +181,47 @@ def test_a_hostile_drafter_fails_nothing(spec_server, mode):
         }
         assert post(http, bad)["choices"][0]["message"]["content"] == want
         assert http.get("/health").json()["status"] == "ok"
+
+
+@pytest.fixture(scope="module")
+def draft_server(tmp_path_factory):
+    """A server whose default drafter is the draft model: SmolLM2 drafting for itself."""
+    plugins = plugin_folder(tmp_path_factory.mktemp("draft"), "openai", "standard", "prompt-lookup")
+    model = str(Server.default_model())
+    s = Server("--draft-model", model, "--drafter", "draft-model", "--batch", "4", plugins=plugins)
+    yield s
+    s.stop()
+
+
+def test_the_draft_model_changes_no_reply_and_is_chosen_like_a_plugin(draft_server):
+    with draft_server.http() as http:
+        d0, a0 = spec_counts(http)
+        body = {
+            "messages": chat("Write one sentence about the sea."),
+            "max_tokens": 40,
+            "temperature": 0,
+            "logprobs": True,
+            "top_logprobs": 2,
+        }
+        without = post(http, {**body, "speculative": False})["choices"][0]
+        for spec in [None, {"drafter": "draft-model", "n_max": 4}, {"drafter": "prompt-lookup"}]:
+            got = post(http, body if spec is None else {**body, "speculative": spec})["choices"][0]
+            assert got["message"]["content"] == without["message"]["content"], spec
+            assert got["finish_reason"] == without["finish_reason"]
+            got_lp, want_lp = got["logprobs"]["content"], without["logprobs"]["content"]
+            assert [t["token"] for t in got_lp] == [t["token"] for t in want_lp]
+        content, finish = streamed(http, body)[:2]
+        assert (content, finish) == (without["message"]["content"], without["finish_reason"])
+        d1, a1 = spec_counts(http)
+        assert d1 > d0 and a1 > a0, (d0, a0, d1, a1)
+        assert http.get("/stats").json()["batch"]["speculative"]["draft_model_ms"] > 0
+
+
+def test_without_a_draft_model_the_draft_model_drafter_is_a_400(spec_server):
+    with spec_server.http() as http:
+        r = http.post(
+            "/v1/chat/completions",
+            json={"messages": chat("Hi"), "max_tokens": 4, "speculative": {"drafter": "draft-model"}},
+        )
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "speculative", r.text
