@@ -482,3 +482,41 @@ fn hostfile_with_a_worker_started_by_hand_scores_like_one_rank() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// More ranks than SmolLM2's 3 key/value heads, and a flag not supported
+/// with tensor parallelism: clear errors naming the flags, no worker left.
+#[test]
+fn unsupported_splits_fail_with_errors_naming_the_flag() {
+    let model = model_path();
+    let input = score_input(&reference_rows());
+    let out = mlxhost(&[
+        "score",
+        "--model",
+        model.to_str().expect("utf-8 path"),
+        "--input",
+        input.path().to_str().expect("utf-8 path"),
+        "--tensor-parallel",
+        "4",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--tensor-parallel 4: the model has 3 key/value heads: at most 3 ranks"),
+        "{err}"
+    );
+    let out = mlxhost(&[
+        "serve",
+        "--tensor-parallel",
+        "2",
+        "--ssd-cache",
+        "/nonexistent/mlxhost-tp-test",
+        "--port",
+        "0",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--tensor-parallel does not support --ssd-cache"),
+        "{err}"
+    );
+}
