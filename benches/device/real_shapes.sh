@@ -11,10 +11,12 @@
 #          concurrent requests, the first prompt-cache hit; EXTRA_SERVE_ARGS are passed on
 #   structured  `mlxhost serve`, then benches/structured_output.py: a JSON-Schema-constrained decode
 #          step against a free one at batch 1, 8 and 16 (BATCHES; issue 39)
+#   kv     benches/device/kv_quant_gpu.sh: decode at 16k/32k context, float vs --kv-bits 8/4 and
+#          mlx-lm's quantized KV (issue 41)
 #   http   `mlxhost serve` and mlx_lm.server: streamed requests at concurrency 1, 8, 32 (LEVELS)
 #   two    two `mlxhost serve` on one card (--memory-limit TWO_LIMIT GiB each): A alone, then A and
 #          B at once, concurrency 1 and 8
-# Usage: benches/device/real_shapes.sh step|memory|structured|http|two|all   (OUT: where logs and JSON go)
+# Usage: benches/device/real_shapes.sh step|memory|structured|kv|http|two|all   (OUT: where logs and JSON go)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN="${MLXHOST_BIN:?source the output of benches/device/unpack.sh first}"
@@ -84,6 +86,12 @@ if [ "${1:-all}" = structured ]; then
   start_server
   BATCHES="${BATCHES:-1 8 16}" ROUNDS="${ROUNDS:-2}" MAX_TOKENS="${MAX_TOKENS:-96}" \
     python3 benches/structured_output.py http://127.0.0.1:18080
+  exit 0
+fi
+if [ "${1:-all}" = kv ]; then
+  # Issue 41 on the card: decode at 16k and 32k context, float against --kv-bits 8 and 4, and
+  # mlx-lm's own quantized KV beside it (benches/device/kv_quant_gpu.sh).
+  MLXHOST_BIN="$BIN" bash benches/device/kv_quant_gpu.sh "$DIR"
   exit 0
 fi
 if [ "${1:-all}" = http ]; then

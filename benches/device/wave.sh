@@ -15,6 +15,7 @@
 #   8b-batch    Qwen3-8B shape, batch-8 step: mlxhost, mlx-lm                 (issue 35)
 #   8b-memory   Qwen3-8B shape, `real_shapes.sh memory`: memory after warm-up, first-50 TTFT
 #   structured  Qwen3-8B shape, `real_shapes.sh structured`: constrained vs free step, b 1/8/16 (39)
+#   8b-kv       Qwen3-8B shape, `real_shapes.sh kv`: 16k/32k decode, float vs 8/4-bit KV, mlx-lm (41)
 #   8b-http     Qwen3-8B shape, `real_shapes.sh http`: c=1/8/32 against mlx_lm.server        (35)
 #   8b-two      Qwen3-8B shape, `real_shapes.sh two`: two servers on one card vs one alone     (35)
 #   smoke       the tiny MoE shape, batch-1 step (checks the wiring on any machine; not default)
@@ -58,7 +59,7 @@ part() {
   echo "{\"part\": \"$name\", \"rc\": $rc, \"seconds\": $((SECONDS - t0))}"
 }
 
-for p in ${PARTS:-8b moe gpt-oss 32b hybrid 8b-batch 8b-memory structured 8b-http 8b-two}; do
+for p in ${PARTS:-8b moe gpt-oss 32b hybrid 8b-batch 8b-memory structured 8b-kv 8b-http 8b-two}; do
   case "$p" in
     8b) part 8b 300 qwen3-8b step BATCHES=1 VARIANTS="qmv off lookahead mlx-lm" ;;
     moe) part moe 300 qwen3-30b-a3b step BATCHES=1 VARIANTS="qmv mlx-lm" ;;
@@ -68,10 +69,11 @@ for p in ${PARTS:-8b moe gpt-oss 32b hybrid 8b-batch 8b-memory structured 8b-htt
     8b-batch) part 8b-batch 240 qwen3-8b step BATCHES=8 VARIANTS="qmv mlx-lm" ;;
     8b-memory) part 8b-memory 300 qwen3-8b memory ;;
     structured) part structured 240 qwen3-8b structured ;;
+    8b-kv) part 8b-kv 420 qwen3-8b kv ;;
     8b-http) part 8b-http 300 qwen3-8b http ;;
     8b-two) part 8b-two 300 qwen3-8b two ;;
     smoke) part smoke 120 tiny-moe step BATCHES=1 VARIANTS="qmv mlx-lm" ;;
-    *) echo "{\"part\": \"$p\", \"error\": \"unknown part (8b moe gpt-oss 32b hybrid 8b-batch 8b-memory structured 8b-http 8b-two smoke)\"}" ;;
+    *) echo "{\"part\": \"$p\", \"error\": \"unknown part (8b moe gpt-oss 32b hybrid 8b-batch 8b-memory structured 8b-kv 8b-http 8b-two smoke)\"}" ;;
   esac
 done
 # The compiled kernels come back as jit.tgz (under the device tool's file limit): put in
