@@ -419,64 +419,37 @@ const LoraKernels& lora_kernels() {
 constexpr int kLoraBlock = 32;
 
 // One adapter's delta for its `m` rows `idx`: y [idx[i]] += the parts'
-// scale * (x [idx[i]] @ A_p) @ B_p. x [R, K], y [R, N]. The pool splits
-// x @ A over K (one partial t per chunk, summed here) and t @ B over the
-// output columns, so both cores stream the adapter's bytes.
+// scale * (x [idx[i]] @ A_p) @ B_p. x [R, K], y [R, N]. On the calling
+// thread: splitting it over the pool (x @ A by K, t @ B by column) added
+// two pool hand-offs per product, 240 per SmolLM2 step, and on this
+// 2-core machine shared with other work the hand-offs cost more than the
+// second core's bandwidth gave back (benches/lora.sh, docs/lora.md).
 void lora_one(const std::vector<mx::array>& in, const LoraSlot& s, const float* x, float* y,
               int N, int K, const int* idx, int m) {
   const auto& kern = lora_kernels();
   const uint16_t* a = reinterpret_cast<const uint16_t*>(in[s.input].data<mx::float16_t>());
   const uint16_t* b = reinterpret_cast<const uint16_t*>(in[s.input + 1].data<mx::float16_t>());
   const int rs = s.rs;
-  const int chunks = std::max(1, std::min(mlxhost_cpu::threads(), K / 128));
-  const int per = (K + chunks - 1) / chunks;
-  std::vector<float> partial(size_t(chunks) * m * rs, 0.0f);
-  auto down = [&](int c) {
-    thread_local std::vector<float> buf;
-    buf.resize(size_t(kLoraBlock) * rs);
-    float* t = partial.data() + size_t(c) * m * rs;
-    for (int k0 = c * per; k0 < std::min(K, (c + 1) * per); k0 += kLoraBlock) {
-      const int kb = std::min({kLoraBlock, K - k0, (c + 1) * per - k0});
-      kern.halves(a + size_t(k0) * rs, buf.data(), kb * rs);
-      kern.down(x, idx, m, K, k0, kb, buf.data(), rs, t);
-    }
-  };
-  if (chunks == 1)
-    down(0);
-  else
-    mlxhost_cpu::parallel_for(chunks, down);
-  std::vector<float> t(partial.begin(), partial.begin() + size_t(m) * rs);
-  for (int c = 1; c < chunks; c++)
-    for (size_t i = 0; i < t.size(); i++)
-      t[i] += partial[size_t(c) * m * rs + i];
-  for (int p = 0; p < s.parts; p++)
+  thread_local std::vector<float> buf, t;
+  t.assign(size_t(m) * rs, 0.0f);
+  buf.resize(std::max(size_t(kLoraBlock) * rs, size_t(N)));
+  for (int k0 = 0; k0 < K; k0 += kLoraBlock) {
+    const int kb = std::min(kLoraBlock, K - k0);
+    kern.halves(a + size_t(k0) * rs, buf.data(), kb * rs);
+    kern.down(x, idx, m, K, k0, kb, buf.data(), rs, t.data());
+  }
+  size_t boff = 0;
+  for (int p = 0; p < s.parts; p++) {
+    const LoraPart& q = s.part[p];
     for (int i = 0; i < m; i++)
-      for (int j = 0; j < s.part[p].rank; j++)
-        t[size_t(i) * rs + s.part[p].rank_off + j] *= s.part[p].scale;
-  int total = 0;
-  for (int p = 0; p < s.parts; p++)
-    total += s.part[p].width;
-  // Columns c0..c1 of the parts' outputs laid end to end.
-  auto up = [&](int c0, int c1) {
-    thread_local std::vector<float> buf;
-    int col = 0;
-    size_t boff = 0;
-    for (int p = 0; p < s.parts; p++) {
-      const LoraPart& q = s.part[p];
-      const int lo = std::max(c0, col) - col, hi = std::min(c1, col + q.width) - col;
-      if (lo < hi) {
-        buf.resize(size_t(hi - lo));
-        for (int j = 0; j < q.rank; j++) {
-          kern.halves(b + boff + size_t(j) * q.width + lo, buf.data(), hi - lo);
-          kern.up(t.data() + q.rank_off + j, rs, idx, m, y + q.out_off + lo, N, buf.data(),
-                  hi - lo);
-        }
-      }
-      col += q.width;
-      boff += size_t(q.rank) * q.width;
+      for (int j = 0; j < q.rank; j++)
+        t[size_t(i) * rs + q.rank_off + j] *= q.scale;
+    for (int j = 0; j < q.rank; j++) {
+      kern.halves(b + boff + size_t(j) * q.width, buf.data(), q.width);
+      kern.up(t.data() + q.rank_off + j, rs, idx, m, y + q.out_off, N, buf.data(), q.width);
     }
-  };
-  mlxhost_cpu::parallel_for_range(total, 256, up);
+    boff += size_t(q.rank) * q.width;
+  }
 }
 
 // Product `l`'s LoRA deltas: the rows of adapter g (rows[i] == g) run
