@@ -143,7 +143,7 @@ pub fn start_rank0(launch: &Launch) -> Result<Cluster, DistributedError> {
         }
     }
     tracing::info!(size = launch.size, hostfile = %hostfile.display(), %control, "forming the tensor-parallel group (ring backend)");
-    let group = Group::init("ring")?;
+    let group = init_ring(START_TIMEOUT)?;
     if group.size() != launch.size || group.rank() != 0 {
         return Err(DistributedError::Launch(format!(
             "the ring has {} ranks with this one as rank {}; --tensor-parallel {} needs rank 0 of {}",
@@ -160,6 +160,47 @@ pub fn start_rank0(launch: &Launch) -> Result<Cluster, DistributedError> {
         stopping,
         _hostfile: temp,
     })
+}
+
+/// Forms MLX's ring, giving up after `timeout` or as soon as a local
+/// worker exits ([`super::failure`]): MLX's own init waits for every peer
+/// without a limit, so it runs on a thread of its own that is left behind
+/// when this returns an error (the process is about to exit then).
+///
+/// Errors: [`DistributedError::Launch`] on a timeout or a worker's exit;
+/// the backend's own errors.
+pub fn init_ring(timeout: Duration) -> Result<Group, DistributedError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("tp-ring-init".into())
+        .spawn(move || {
+            let _ = tx.send(Group::init("ring"));
+        })
+        .map_err(|e| DistributedError::Launch(format!("starting the ring: {e}")))?;
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(group) => return group,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(DistributedError::Launch(
+                    "the ring's init thread stopped".into(),
+                ))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if let Some(reason) = super::failure() {
+                    return Err(DistributedError::Launch(format!(
+                        "the ring did not form: {reason}"
+                    )));
+                }
+                if std::time::Instant::now() > deadline {
+                    return Err(DistributedError::Launch(format!(
+                        "the ring did not form within {} s: is every rank of the hostfile running?",
+                        timeout.as_secs()
+                    )));
+                }
+            }
+        }
+    }
 }
 
 /// A hostfile for `size` ranks on 127.0.0.1, each on a port that was free
@@ -196,8 +237,9 @@ fn spawn_worker(
 ) -> Result<Child, DistributedError> {
     let exe = std::env::current_exe()
         .map_err(|e| DistributedError::Launch(format!("finding this binary: {e}")))?;
-    Command::new(exe)
-        .arg("tp-worker")
+    let mut cmd = Command::new(exe);
+    die_with_parent(&mut cmd);
+    cmd.arg("tp-worker")
         .arg("--rank")
         .arg(rank.to_string())
         .arg("--control")
@@ -208,6 +250,28 @@ fn spawn_worker(
         .spawn()
         .map_err(|e| DistributedError::Launch(format!("starting rank {rank}: {e}")))
 }
+
+/// A local worker dies with rank 0 (Linux's parent-death signal), also
+/// when rank 0 is killed before the plan channel exists to tell it. The
+/// signal follows the spawning *thread*: [`start_rank0`] runs on the main
+/// thread, which lives as long as the process.
+#[cfg(target_os = "linux")]
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the child between fork and exec and only
+    // calls `prctl`, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent(_cmd: &mut Command) {}
 
 /// Marks the group failed when worker `rank` exits while rank 0 serves.
 fn watch(rank: usize, mut child: Child, stopping: Arc<AtomicBool>) {

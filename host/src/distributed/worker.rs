@@ -9,6 +9,7 @@ use super::channel::WorkerChannel;
 use super::mirror::Shards;
 use super::plan::{FromWorker, Step, ToWorker};
 use super::{DistributedError, Group};
+
 use crate::cache::KvCache;
 use crate::model::{CausalLm, RowInput};
 
@@ -23,7 +24,7 @@ pub fn run(
     control: SocketAddr,
     load: impl FnOnce(Arc<Group>) -> anyhow::Result<Box<dyn CausalLm>>,
 ) -> anyhow::Result<()> {
-    let group = Arc::new(Group::init("ring")?);
+    let group = Arc::new(super::launch::init_ring(super::launch::START_TIMEOUT)?);
     let rank = group.rank();
     let mut channel = WorkerChannel::connect(control, rank, Duration::from_secs(120))?;
     let model = load(group)?;
