@@ -21,7 +21,12 @@ decode_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 64
 repeats = int(sys.argv[4]) if len(sys.argv) > 4 else 3
 threads = os.cpu_count() or 1
 
+# LLAMA_KV_TYPE=q8_0: llama.cpp's quantized KV cache (-ctk q8_0 -ctv q8_0; a quantized V cache
+# needs flash attention). Unset: its default f16 cache.
+kv_type = os.environ.get("LLAMA_KV_TYPE", "f16")
+kv_args = {"type_k": 8, "type_v": 8, "flash_attn": True} if kv_type == "q8_0" else {}
 llm = L.Llama(
+    **kv_args,
     model_path=path,
     n_ctx=prompt_tokens + decode_tokens + 16,
     n_batch=512,
@@ -56,6 +61,7 @@ decode_ms = statistics.median(steps) * 1e3
 print(json.dumps({
     "engine": "llama.cpp",
     "compute": "gguf",
+    "kv": kv_type,
     "model": path,
     "threads": threads,
     "prompt_tokens": prompt_tokens,

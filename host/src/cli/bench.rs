@@ -10,6 +10,8 @@ use mlx_rs::{
     transforms::{async_eval, eval},
     Array,
 };
+use mlxhost::cache::KvCache;
+use mlxhost::model::arch::CausalLm;
 use mlxhost::model::lora::LoraSet;
 use mlxhost::model::RowInput;
 
@@ -34,6 +36,13 @@ pub struct BenchArgs {
     /// step: one forward for all rows, each with its own cache).
     #[arg(long, default_value_t = 1)]
     batch: usize,
+    /// Decode after this many cached positions of random keys and values
+    /// written straight into each row's cache instead of after the
+    /// prompt's prefill: a decode step's cost at a long context without
+    /// paying for its prefill (attention reads the same bytes whatever they
+    /// hold). 0: decode after the prompt.
+    #[arg(long, default_value_t = 0)]
+    context: usize,
     /// Build each decode step from the previous step's tokens still on the
     /// device, before reading them (as `serve --decode-lookahead` and
     /// mlx-lm's generate loop do), so the host builds step N+1 while the
@@ -96,6 +105,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut caches: Vec<_> = (0..batch).map(|_| model.new_cache()).collect();
     let mut next = Vec::with_capacity(batch);
     for (r, cache) in caches.iter_mut().enumerate() {
+        if args.context > 0 {
+            fill_random(model.as_ref(), cache, args.context)?;
+            next.push((r as u32 * 7919 + 13) % vocab);
+            continue;
+        }
         let row_prompt: Vec<u32> = prompt.iter().map(|&t| (t + r as u32) % vocab).collect();
         let logits = model.forward(&mut [RowInput {
             tokens: &row_prompt,
@@ -179,6 +193,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "backend": mlxhost::runtime::backend_name(),
         "model": loaded.path,
         "prompt_tokens": args.prompt_tokens,
+        "decode_context": if args.context > 0 { args.context } else { args.prompt_tokens },
         "prefill_tok_s": args.prompt_tokens as f64 / prefill_s,
         "batch": batch,
         "decode_ms_per_token": decode_ms,
@@ -196,8 +211,43 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "lora_rank": adapters.iter().map(|a| a.rank).max(),
         "lora_merged": args.lora_merge.is_some(),
         "peak_rss_mib": peak_rss_mib(),
+        "kv": caches[0].quant().map(|q| q.name()).unwrap_or_else(|| "float".into()),
+        // Bytes the first row's cache holds per position (its allocation,
+        // rounded up to the growth step, over the positions it holds).
+        "kv_bytes_per_token": caches[0].nbytes() as f64 / caches[0].offset().max(1) as f64,
     });
     println!("{result}");
+    Ok(())
+}
+
+/// Writes `n` positions of random keys and values (normal, in the model's
+/// dtype; quantized as they are written under `--kv-bits`) into every
+/// layer of `cache`, 4096 at a time, evaluated.
+///
+/// Errors: a model with recurrent-state layers (their states are not
+/// positions); MLX errors.
+fn fill_random(model: &dyn CausalLm, cache: &mut KvCache, n: usize) -> anyhow::Result<()> {
+    if cache.has_recurrent() {
+        anyhow::bail!(
+            "--context: this model keeps recurrent states; decode after a real prompt instead"
+        );
+    }
+    let shapes = model.kv_shapes();
+    let mut done = 0;
+    while done < n {
+        let t = (n - done).min(4096) as i32;
+        for (l, s) in shapes.iter().enumerate() {
+            let shape = [1, s.kv_heads as i32, t, s.head_dim as i32];
+            let k =
+                mlx_rs::random::normal::<f32>(&shape, None, None, None)?.as_dtype(model.dtype())?;
+            let v =
+                mlx_rs::random::normal::<f32>(&shape, None, None, None)?.as_dtype(model.dtype())?;
+            cache.update_view(l, &k, &v)?;
+        }
+        cache.advance(t as usize);
+        eval(cache.arrays())?;
+        done += t as usize;
+    }
     Ok(())
 }
 

@@ -69,7 +69,8 @@ pub struct ModelArgs {
     /// Quantize the KV cache's keys and values to 8 or 4 bits (MLX affine
     /// quantization along the head dimension, as mlx-lm's
     /// `QuantizedKVCache`; full-attention layers only). Default: float.
-    #[arg(long, value_name = "BITS")]
+    /// Alias `--kv-quant` (the seed's name).
+    #[arg(long, alias = "kv-quant", value_name = "BITS")]
     pub kv_bits: Option<u32>,
     /// Elements sharing one scale and bias with `--kv-bits` (32, 64 or 128).
     #[arg(long, value_name = "N", default_value_t = 64)]

@@ -52,6 +52,9 @@ pub struct RowShape {
     /// length: its conv and recurrent states, and as many again for each
     /// checkpoint it may keep (`cache::state`); 0 without such layers.
     pub state_bytes: usize,
+    /// The full-attention layers' KV quantization (`--kv-bits`): they hold
+    /// packed rows, not `kv_elem_bytes` per element.
+    pub kv_quant: Option<crate::cache::KvQuant>,
 }
 
 /// Bytes a row holds per gated-DeltaNet layer: the conv state `[K - 1,
@@ -108,7 +111,15 @@ impl RowShape {
             vocab: config.vocab_size,
             kv_elem_bytes,
             state_bytes: recurrent_state_bytes(config, kv_elem_bytes),
+            kv_quant: None,
         }
+    }
+
+    /// This shape with full-attention layers quantized by `quant`
+    /// (`CausalLm::new_cache`'s scheme).
+    pub fn with_kv_quant(mut self, quant: Option<crate::cache::KvQuant>) -> RowShape {
+        self.kv_quant = quant;
+        self
     }
 
     /// KV bytes of a row holding `tokens` positions: per cache layer
@@ -125,7 +136,10 @@ impl RowShape {
                     LayerKind::Recurrent if tokens > 0 => return self.state_bytes as u64,
                     LayerKind::Recurrent => 0,
                 };
-                let per_position = (2 * s.kv_heads * s.head_dim * self.kv_elem_bytes) as u64;
+                let per_position = match (k, self.kv_quant) {
+                    (LayerKind::Full, Some(q)) => q.bytes_per_token(s.kv_heads, s.head_dim) as u64,
+                    _ => (2 * s.kv_heads * s.head_dim * self.kv_elem_bytes) as u64,
+                };
                 kept as u64 * per_position
             })
             .sum()
@@ -275,7 +289,24 @@ mod tests {
             vocab: 49152,
             kv_elem_bytes: 4,
             state_bytes: 0,
+            kv_quant: None,
         }
+    }
+
+    /// Quantized full layers count their packed rows; sliding-window
+    /// layers stay float.
+    #[test]
+    fn quantized_full_layers_count_packed_rows() {
+        let q = crate::cache::KvQuant::new(4, 64).ok();
+        let kinds = vec![LayerKind::Full, LayerKind::SlidingWindow { window: 8 }];
+        let float = shape(kinds.clone());
+        let quant = shape(kinds).with_kv_quant(q);
+        // Full: 2 x 3 heads x (8 + 2) words x 4 bytes; sliding: float32.
+        assert_eq!(
+            float.kv_bytes(100) - quant.kv_bytes(100),
+            100 * (2 * 3 * 64 * 4 - 240)
+        );
+        assert_eq!(quant.kv_bytes(100), 100 * 240 + 8 * 2 * 3 * 64 * 4);
     }
 
     /// A hybrid model's rows hold their recurrent states (and checkpoints)

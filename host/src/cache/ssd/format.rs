@@ -139,7 +139,8 @@ pub enum FormatError {
 /// Bytes per element of a dtype name; `None` for dtypes the KV never uses.
 pub fn dtype_size(dtype: &str) -> Option<u64> {
     match dtype {
-        "float32" => Some(4),
+        // uint32: quantized KV's packed rows (version 4).
+        "float32" | "uint32" => Some(4),
         "float16" | "bfloat16" => Some(2),
         _ => None,
     }

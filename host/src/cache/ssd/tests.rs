@@ -661,3 +661,58 @@ fn a_sliding_window_entry_restores_what_its_layers_kept_and_trims_only_within_it
     let full = open(dir.path(), identity("m", "t", 8), BIG, false);
     assert_eq!(full.peek("ns", &prompt), 0);
 }
+
+/// A quantized cache (`--kv-bits`) round-trips through a restart: its
+/// packed rows come back bit for bit, in its scheme; a tier opened under
+/// another scheme (or float) never restores it, and quarantines nothing.
+#[test]
+fn quantized_entries_restore_only_under_their_scheme() {
+    use crate::cache::KvQuant;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = seq(3, 300);
+    let q8 = KvQuant::new(8, 64).ok();
+    let with = |quant: Option<KvQuant>| ModelIdentity {
+        geometry: KvGeometry {
+            quant,
+            ..identity("m", "t", D).geometry
+        },
+        ..identity("m", "t", D)
+    };
+    let quantized = |tokens: &[u32]| {
+        let mut kv = KvCache::new(LAYERS).with_quant(q8);
+        let shape = [1, HEADS as i32, tokens.len() as i32, D as i32];
+        for layer in 0..LAYERS {
+            let k = Array::from_slice(&tensor(tokens, layer, 0, D), &shape);
+            let v = Array::from_slice(&tensor(tokens, layer, 1, D), &shape);
+            kv.update(layer, &k, &v).unwrap();
+        }
+        kv.advance(tokens.len());
+        kv
+    };
+    let kv = quantized(&tokens);
+    {
+        let ssd = open(dir.path(), with(q8), BIG, false);
+        ssd.submit("ns", &tokens, &kv).unwrap();
+        assert!(ssd.flush(Duration::from_secs(30)));
+        assert_eq!(ssd.stats_handle("ns").stats().writes, 1);
+    }
+    for other in [None, KvQuant::new(4, 64).ok(), KvQuant::new(8, 32).ok()] {
+        let ssd = open(dir.path(), with(other), BIG, true);
+        assert!(ssd.restore("ns", &tokens).is_none(), "{other:?}");
+        let stats = ssd.stats_handle("ns").stats();
+        assert_eq!(stats.quarantined, 0, "{other:?}: {stats:?}");
+    }
+    let ssd = open(dir.path(), with(q8), BIG, true);
+    let r = ssd
+        .restore("ns", &tokens[..200])
+        .expect("restores under its scheme");
+    assert_eq!((r.reused, r.kv.quant()), (199, q8));
+    for (got, want) in r.kv.layer_buffers().iter().zip(kv.layer_buffers()) {
+        let ((gk, _), (wk, _)) = (got.unwrap(), want.unwrap());
+        assert_eq!(gk.dtype(), mlx_rs::Dtype::Uint32);
+        let n = 199;
+        let g = gk.index((.., .., ..n, ..)).contiguous().unwrap();
+        let w = wk.index((.., .., ..n, ..)).contiguous().unwrap();
+        assert_eq!(g.as_slice::<u32>(), w.as_slice::<u32>());
+    }
+}
