@@ -285,6 +285,26 @@ fn adapters_that_do_not_fit_name_the_tensor() {
         e.contains("model.layers.40.self_attn.q_proj.lora_a") && e.contains("30 layers"),
         "{e}"
     );
+    // An A without its B, in each format (one pairing helper, each
+    // format's names).
+    let name = "model.layers.29.self_attn.v_proj.lora_a";
+    let dir = edited("alpha-mlx", "adapters.safetensors", |t| {
+        t.remove("model.layers.29.self_attn.v_proj.lora_b");
+    });
+    let e = load_error(dir.path());
+    assert!(
+        e.contains(name) && e.contains("no partner") && e.contains("lora_a and lora_b"),
+        "{e}"
+    );
+    let name = "base_model.model.model.layers.29.mlp.up_proj.lora_B.weight";
+    let dir = edited("beta-peft", "adapter_model.safetensors", |t| {
+        t.remove("base_model.model.model.layers.29.mlp.up_proj.lora_A.weight");
+    });
+    let e = load_error(dir.path());
+    assert!(
+        e.contains(name) && e.contains("no partner") && e.contains("lora_A and lora_B"),
+        "{e}"
+    );
 }
 
 // ---- through the engine's scheduler -------------------------------------
