@@ -3,7 +3,7 @@
 
 For each position P in POSITIONS, the COUNT tokens after the first P tokens of a natural text
 (the repository's docs, concatenated and repeated as needed), teacher-forced: one `mlxhost score`
-row from the first position to the last window's end, once per scheme (float, then each --kv-bits), on the same binary and model. Per
+row per position, once per scheme (float, then each --kv-bits), on the same binary and model. Per
 scheme and position it reports, against float: the mean and max |delta| of the reference token's
 logprob, the max |delta| over float's top-5 logprobs (at the same ids), how often the top-1 id is
 the same, and how often top-1 agrees where float's top-2 gap is over 0.1 nats (semantics.md's
@@ -33,20 +33,18 @@ positions = [int(p) for p in args.positions.split(",")]
 need = max(positions) + args.count
 while len(ids) < need:
     ids = ids + ids
-# One row: every position from the first window's start on is scored teacher-forced (one
-# prefill per scheme), and each window is read out of it.
-first = min(positions)
-line = json.dumps({"prompt_ids": ids[:first], "continuation_ids": ids[first:need]})
+# One row per position (a row scoring everything from the first window on would hold logits
+# for every position: 7k x 262k floats on Gemma 3, more memory than this machine has).
+lines = [json.dumps({"prompt_ids": ids[:p], "continuation_ids": ids[p:p + args.count]}) for p in positions]
 inp = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)
-inp.write(line + "\n")
+inp.write("\n".join(lines) + "\n")
 inp.close()
 
 
 def score(extra):
     out = subprocess.run([args.bin, "score", "--model", args.model, "--input", inp.name, "--top-logprobs", "5"] + extra,
                          check=True, capture_output=True, text=True).stdout
-    steps = [json.loads(l)["steps"] for l in out.splitlines() if l.startswith("{")][0]
-    return [steps[p - first:p - first + args.count] for p in positions]
+    return [json.loads(l)["steps"] for l in out.splitlines() if l.startswith("{")]
 
 
 base = score([])
