@@ -5,7 +5,7 @@
 //! the cache they are given (`model::ragged`, `model::decode_attention`).
 //!
 //! Applied last, after everything that configures the model itself
-//! (`--lora-merge` passes through; tensor parallelism is set before).
+//! (`--lora-merge` and tensor parallelism pass through to the model).
 
 use mlx_rs::{Array, Dtype};
 
@@ -66,6 +66,13 @@ impl CausalLm for QuantizedKv {
 
     fn merge_lora(&mut self, adapter: &super::lora::LoraAdapter) -> Result<()> {
         self.inner.merge_lora(adapter)
+    }
+
+    fn set_tensor_parallel(
+        &mut self,
+        group: std::sync::Arc<crate::distributed::Group>,
+    ) -> Result<()> {
+        self.inner.set_tensor_parallel(group)
     }
 }
 
