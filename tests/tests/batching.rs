@@ -533,9 +533,9 @@ fn decode_lookahead_gives_the_same_output_and_cache_entries() {
         ),
         (greedy_row(4, 30), 0, Some(5)),
     ];
-    let config = |decode_lookahead| SchedulerConfig {
+    let config = |decode_lookahead: bool| SchedulerConfig {
         max_batch: 8,
-        decode_lookahead,
+        decode_lookahead: decode_lookahead.into(),
         ..Default::default()
     };
     let (off, off_stats) = run_with_stats(&f, config(false), &reqs, None);

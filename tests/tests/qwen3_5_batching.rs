@@ -114,7 +114,7 @@ fn rows_joining_and_leaving_in_any_order_equal_rows_alone() {
         max_batch: 8,
         prefill_chunk: 16,
         prefill_budget: 16,
-        decode_lookahead: lookahead,
+        decode_lookahead: lookahead.into(),
         ..Default::default()
     };
     let alone: Vec<Record> = reqs

@@ -182,7 +182,7 @@ fn run(f: &Fixture, reqs: &[GenerateRequest], max_batch: usize) -> (Vec<Record>,
     let records: Vec<Rc<RefCell<Record>>> = reqs.iter().map(|_| Rc::default()).collect();
     let mut scheduler = Scheduler::new(SchedulerConfig {
         max_batch,
-        decode_lookahead: false,
+        decode_lookahead: false.into(),
         ..SchedulerConfig::default()
     });
     for (req, rec) in reqs.iter().zip(&records) {

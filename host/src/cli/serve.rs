@@ -8,7 +8,9 @@ use std::time::Duration;
 use anyhow::Context;
 use mlxhost::cache::SsdConfig;
 use mlxhost::engine::admission::MemoryBudget;
-use mlxhost::engine::scheduler::{DEFAULT_BATCH, DEFAULT_PREFILL_BUDGET, GPU_PREFILL_BUDGET};
+use mlxhost::engine::scheduler::{
+    Lookahead, DEFAULT_BATCH, DEFAULT_PREFILL_BUDGET, GPU_PREFILL_BUDGET,
+};
 use mlxhost::engine::worker::CacheConfig;
 use mlxhost::engine::SchedulerConfig;
 use mlxhost::plugin::{Kind, LivePlugins, PluginLimits};
@@ -183,12 +185,22 @@ pub struct ServeArgs {
     /// Start each decode step before the previous one's tokens are read, so
     /// the host builds step N+1 while the device computes step N (for rows
     /// whose plugins all declare `history_free`: the standard sampler and
-    /// logit_bias). Off by default: measured, it gains nothing on this
-    /// project's CPU and H200 with SmolLM2, whose steps are bound by the
-    /// host's kernel launches or the CPU's products (docs/benchmarks.md);
-    /// it is for devices whose compute per step outweighs building it.
-    #[arg(long, env = "MLXHOST_DECODE_LOOKAHEAD")]
-    decode_lookahead: bool,
+    /// logit_bias): `auto` (default), `on` (also the bare flag) or `off`.
+    /// `auto` turns it on with a GPU backend for models of 1 GiB of weights
+    /// or more: measured on an H100, it took the 8B shape's batch-1 step
+    /// from 6.67 to 3.80 ms; a SmolLM2 step, bound by launching kernels,
+    /// got slower with it, and the CPU's steps gain nothing
+    /// (docs/benchmarks.md).
+    #[arg(
+        long,
+        env = "MLXHOST_DECODE_LOOKAHEAD",
+        value_name = "auto|on|off",
+        num_args = 0..=1,
+        default_value = "auto",
+        default_missing_value = "on",
+        value_parser = parse_lookahead
+    )]
+    decode_lookahead: Lookahead,
     /// While requests share a batch step: the most any one plugin call may
     /// take (a row over it fails), and the plugin time after which the
     /// step's remaining rows run their chains at the next step instead.
@@ -704,6 +716,11 @@ fn open_response_store(
         anyhow::anyhow!("cannot open the response store {where_} (--ssd-cache): {e}")
     })?;
     Ok(Some(std::sync::Arc::new(store)))
+}
+
+/// `--decode-lookahead`'s value (clap's parser; the error names the values).
+fn parse_lookahead(text: &str) -> Result<Lookahead, String> {
+    Lookahead::parse(text).ok_or_else(|| format!("`{text}`: expected auto, on or off"))
 }
 
 #[cfg(test)]

@@ -72,7 +72,9 @@ pub struct SchedulerConfig {
     pub memory_budget: MemoryBudget,
     /// Start the next decode step before reading this one's tokens where
     /// every row allows it (`--decode-lookahead`; see `engine::step`).
-    pub decode_lookahead: bool,
+    /// [`Lookahead::Auto`] is decided once the model is loaded
+    /// ([`Lookahead::resolve`], by the engine worker); unresolved it is off.
+    pub decode_lookahead: Lookahead,
     /// While rows share a step, the most each plugin call may take and the
     /// plugin time after which the step defers the remaining rows' chains
     /// to the next step (`--plugin-step-ms`; see `engine::step::run`).
@@ -97,16 +99,75 @@ impl Default for SchedulerConfig {
     }
 }
 
+/// Whether decode steps start before the previous step's tokens are read
+/// (`serve --decode-lookahead auto|on|off`, env `MLXHOST_DECODE_LOOKAHEAD`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookahead {
+    /// Never.
+    Off,
+    /// Wherever every row's plugins allow it.
+    On,
+    /// On with a GPU backend for a model of at least
+    /// [`LOOKAHEAD_MIN_WEIGHT_BYTES`], off otherwise (see [`Lookahead::resolve`]).
+    Auto,
+}
+
+/// The weights from which [`Lookahead::Auto`] turns lookahead on with a GPU
+/// backend, bytes (1 GiB). Measured on an H100 (docs/benchmarks.md, "Third
+/// run"): a Qwen3-8B-shaped 4-bit model's batch-1 step fell from 6.67 to
+/// 3.80 ms with it and a Qwen2.5-32B shape's from 16.10 to 11.94 ms, while
+/// on an H200 SmolLM2-135M's (~0.1 GB) rose from 4.33 to 4.92 ms: a small
+/// model's step is bound by launching its kernels, with no device time left
+/// to hide the next step's building behind. No size between was measured;
+/// 1 GiB sits between the two.
+pub const LOOKAHEAD_MIN_WEIGHT_BYTES: u64 = 1 << 30;
+
+impl Lookahead {
+    /// Reads `auto`, `on`/`1`/`true`/`yes` or `off`/`0`/`false`/`no` (any
+    /// case); `None` for anything else.
+    pub fn parse(text: &str) -> Option<Lookahead> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "auto" => Some(Lookahead::Auto),
+            "on" | "1" | "true" | "yes" => Some(Lookahead::On),
+            "off" | "0" | "false" | "no" => Some(Lookahead::Off),
+            _ => None,
+        }
+    }
+
+    /// `Auto` decided for a model of `weights_bytes` on this backend
+    /// (`gpu`: MLX runs on Metal or CUDA); `On` and `Off` stay.
+    pub fn resolve(self, gpu: bool, weights_bytes: u64) -> Lookahead {
+        match self {
+            Lookahead::Auto if gpu && weights_bytes >= LOOKAHEAD_MIN_WEIGHT_BYTES => Lookahead::On,
+            Lookahead::Auto => Lookahead::Off,
+            other => other,
+        }
+    }
+
+    /// Whether steps look ahead (an unresolved `Auto` does not).
+    pub fn is_on(self) -> bool {
+        self == Lookahead::On
+    }
+}
+
+impl From<bool> for Lookahead {
+    fn from(on: bool) -> Self {
+        if on {
+            Lookahead::On
+        } else {
+            Lookahead::Off
+        }
+    }
+}
+
 /// Decode lookahead where no flag says (`mlxhost generate`, `bench`):
-/// `MLXHOST_DECODE_LOOKAHEAD` set to `1`, `true`, `on` or `yes` (as `serve
-/// --decode-lookahead` reads it); off otherwise.
-pub fn default_decode_lookahead() -> bool {
-    std::env::var("MLXHOST_DECODE_LOOKAHEAD").is_ok_and(|v| {
-        matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "1" | "true" | "on" | "yes"
-        )
-    })
+/// what `MLXHOST_DECODE_LOOKAHEAD` says (as `serve --decode-lookahead`
+/// reads it), off where it is unset or unreadable.
+pub fn default_decode_lookahead() -> Lookahead {
+    std::env::var("MLXHOST_DECODE_LOOKAHEAD")
+        .ok()
+        .and_then(|v| Lookahead::parse(&v))
+        .unwrap_or(Lookahead::Off)
 }
 
 /// Default `--batch` (chosen by measurement: `docs/benchmarks.md`).
@@ -366,7 +427,7 @@ impl<'s> Scheduler<'s> {
             .map(|(_, &n)| n)
             .sum();
         let started = Instant::now();
-        let lookahead = self.config.decode_lookahead;
+        let lookahead = self.config.decode_lookahead.is_on();
         let outcomes = match step::run(
             model,
             &mut self.running,
@@ -1427,6 +1488,30 @@ fn finish(
 mod tests {
     use super::*;
     use crate::cache::KvCache;
+
+    #[test]
+    fn lookahead_auto_turns_on_only_for_large_models_on_a_gpu() {
+        let big = LOOKAHEAD_MIN_WEIGHT_BYTES;
+        assert_eq!(Lookahead::Auto.resolve(true, big), Lookahead::On);
+        assert_eq!(Lookahead::Auto.resolve(true, big - 1), Lookahead::Off);
+        assert_eq!(Lookahead::Auto.resolve(false, big * 8), Lookahead::Off);
+        // Explicit settings stay whatever the backend and size.
+        assert_eq!(Lookahead::On.resolve(false, 0), Lookahead::On);
+        assert_eq!(Lookahead::Off.resolve(true, big * 8), Lookahead::Off);
+        // Unresolved, auto looks ahead nowhere.
+        assert!(!Lookahead::Auto.is_on());
+        for (text, want) in [
+            ("auto", Some(Lookahead::Auto)),
+            (" ON ", Some(Lookahead::On)),
+            ("1", Some(Lookahead::On)),
+            ("yes", Some(Lookahead::On)),
+            ("false", Some(Lookahead::Off)),
+            ("0", Some(Lookahead::Off)),
+            ("sometimes", None),
+        ] {
+            assert_eq!(Lookahead::parse(text), want, "{text}");
+        }
+    }
     use crate::engine::request::GenerateSummary;
     use crate::plugin::session::StepOutput;
     use crate::plugin::PluginError;
@@ -1491,7 +1576,7 @@ mod tests {
             prefill_budget: budget,
             prefill_chunk: chunk,
             memory_budget: MemoryBudget::Off,
-            decode_lookahead: false,
+            decode_lookahead: Lookahead::Off,
             plugin_step: DEFAULT_PLUGIN_STEP,
         });
         s.running = rows;

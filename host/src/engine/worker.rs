@@ -313,7 +313,20 @@ impl Engine {
         ));
         // The model is loaded and nothing else allocated yet: what MLX
         // holds now is its weights (a device budget is computed from it).
-        crate::device_memory::record_weights();
+        let weights = crate::device_memory::record_weights();
+        // `--decode-lookahead auto` depends on the backend and the model's
+        // size (see `Lookahead::resolve`).
+        let gpu = crate::runtime::gpu_available();
+        let schedule = SchedulerConfig {
+            decode_lookahead: schedule.decode_lookahead.resolve(gpu, weights),
+            ..schedule
+        };
+        tracing::info!(
+            on = schedule.decode_lookahead.is_on(),
+            gpu,
+            weights_bytes = weights,
+            "decode lookahead"
+        );
         warm_constraints(&plugins.current());
         let device_limits = match schedule.memory_budget {
             crate::engine::admission::MemoryBudget::Device { limits, keep } => Some((limits, keep)),
