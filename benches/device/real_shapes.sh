@@ -149,7 +149,7 @@ if [ "${1:-all}" != step ]; then
     -H 'content-type: application/json' \
     -d '{"prompt": "Request 1: write a long story about the sea. And then", "max_tokens": 1}')
   echo "{\"first_cache_hit_s\": $hit}"
-  grep -E "warm-up done" "$OUT/serve.log" | tail -1
+  grep -E "warm-up done" "$OUT/serve.log" | tail -1 || true
   curl -s http://127.0.0.1:18080/stats | python3 -c 'import json,sys; d=json.load(sys.stdin); print(json.dumps({"memory": d["memory"]}))'
-  grep -E "memory limits|memory_budget" "$OUT/serve.log" | head -3
+  grep -E "memory limits|memory_budget" "$OUT/serve.log" | head -3 || true
 fi

@@ -76,9 +76,11 @@ for p in ${PARTS:-8b moe gpt-oss 32b hybrid 8b-batch 8b-memory structured 8b-kv 
     *) echo "{\"part\": \"$p\", \"error\": \"unknown part (8b moe gpt-oss 32b hybrid 8b-batch 8b-memory structured 8b-kv 8b-http 8b-two smoke)\"}" ;;
   esac
 done
-# The compiled kernels come back as jit.tgz (under the device tool's file limit): put in
-# $MLXHOST_CACHE/device-jit/ here, pack.sh carries them to the next machine, whose first runs then
-# skip minutes of NVRTC compiling.
-tar czf "$OUT/jit.tgz" -C / "${KERNELS#/}" 2>/dev/null
-[ "$(stat -c %s "$OUT/jit.tgz" 2>/dev/null || echo 0)" -lt 60000000 ] || rm -f "$OUT/jit.tgz"
-echo "{\"wave_seconds\": $((SECONDS - start)), \"jit_tgz_bytes\": $(stat -c %s "$OUT/jit.tgz" 2>/dev/null || echo 0)}"
+# JIT_BACK=1: the compiled kernels come back as jit.tgz.aa, .ab, ... (the device tool returns at
+# most 8 files of 16 MiB; an 8B+32B+MoE wave's kernels were 47 MB): joined into
+# $MLXHOST_CACHE/device-jit/jit.tgz here, pack.sh carries them to the next machine, whose first
+# runs then skip the NVRTC compiling (~2 min cold). Off by default: the parts take file slots.
+if [ "${JIT_BACK:-0}" = 1 ]; then
+  tar czf - -C / "${KERNELS#/}" 2>/dev/null | split -b 15000000 - "$OUT/jit.tgz."
+fi
+echo "{\"wave_seconds\": $((SECONDS - start))}"
