@@ -122,21 +122,36 @@ pub fn generate(
 /// `semantics.md`'s "same": tokens equal until the cold run's first
 /// near-tie, logprobs within [`TOL`] up to there.
 pub fn assert_same(label: &str, warm: &[(u32, f32, f32)], cold: &[(u32, f32, f32)]) {
-    assert!(!cold.is_empty(), "{label}: no tokens");
-    for (s, (w, c)) in warm.iter().zip(cold).enumerate() {
+    assert_same_within(label, warm, cold, TOL, NEAR_TIE);
+}
+
+/// Tokens `(id, logprob, top-2 margin)` of `got` equal `want`'s until
+/// `want`'s first step with a margin under `near_tie`, logprobs within
+/// `tol` up to there (`f32::INFINITY`: tokens only). Returns the steps
+/// compared. Panics naming `label` and the step that differs.
+pub fn assert_same_within(
+    label: &str,
+    got: &[(u32, f32, f32)],
+    want: &[(u32, f32, f32)],
+    tol: f32,
+    near_tie: f32,
+) -> usize {
+    assert!(!want.is_empty(), "{label}: no tokens");
+    for (s, (g, w)) in got.iter().zip(want).enumerate() {
         assert!(
-            (w.1 - c.1).abs() <= TOL,
-            "{label}: step {s}: logprob {} warm vs {} cold",
-            w.1,
-            c.1
+            (g.1 - w.1).abs() <= tol,
+            "{label}: step {s}: logprob {} vs {}",
+            g.1,
+            w.1
         );
-        if c.2 < NEAR_TIE {
+        if w.2 < near_tie {
             eprintln!("{label}: {s} tokens equal up to a near-tie");
-            return;
+            return s;
         }
-        assert_eq!(w.0, c.0, "{label}: token {s} differs (warm vs cold)");
+        assert_eq!(g.0, w.0, "{label}: token {s} differs");
     }
-    eprintln!("{label}: all {} tokens equal", cold.len());
+    eprintln!("{label}: all {} tokens equal", want.len());
+    want.len()
 }
 
 /// A 900-token prompt: prefilled in 512-token chunks, the sliding layers

@@ -17,10 +17,10 @@ use std::time::Duration;
 
 use mlxhost::cache::{KvQuant, PrefixCache, PromptCache};
 use mlxhost::engine::scheduler::{ChainSource, Pending, Scheduler, SchedulerConfig};
-use mlxhost::engine::GenerateRequest;
 use mlxhost::model::LoadedModel;
-use mlxhost::plugin::{PluginHost, PluginLimits, SamplingParams, VocabView};
-use mlxhost_e2e::sliding_cache::{open_ssd, Record, Sink};
+use mlxhost::plugin::{PluginHost, PluginLimits, VocabView};
+use mlxhost_e2e::requests::greedy_request;
+use mlxhost_e2e::sliding_cache::{assert_same_within, open_ssd, Record, Sink};
 use mlxhost_e2e::{installed_model, plugin_folder_with};
 
 /// Greedy tokens are compared up to the first step whose float top-2
@@ -96,23 +96,7 @@ fn generate(
         .map(|p| {
             let record = Rc::new(RefCell::new(Record::default()));
             scheduler.submit(Pending {
-                request: GenerateRequest {
-                    prompt_ids: p.clone(),
-                    max_tokens,
-                    stop: Vec::new(),
-                    keep_special: false,
-                    forced_choices: Vec::new(),
-                    params: SamplingParams {
-                        temperature: 0.0,
-                        ..Default::default()
-                    },
-                    sampler: "standard".into(),
-                    processors: Vec::new(),
-                    plugin_params: serde_json::json!({}),
-                    top_logprobs: 2,
-                    speculative: Default::default(),
-                    lora: None,
-                },
+                request: greedy_request(p, max_tokens, 2),
                 chain: ChainSource::Plugins(f.plugins.clone()),
                 sink: Box::new(Sink(Rc::clone(&record))),
             });
@@ -137,28 +121,6 @@ fn generate(
         .collect()
 }
 
-/// Tokens equal until `want`'s first step with a top-2 margin under
-/// `near_tie`; logprobs within `tol` up to there (`tol` infinite: tokens
-/// only). Returns the steps compared.
-fn assert_same(label: &str, got: &Tokens, want: &Tokens, tol: f32, near_tie: f32) -> usize {
-    assert!(!want.is_empty(), "{label}: no tokens");
-    for (s, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g.1 - w.1).abs() <= tol,
-            "{label}: step {s}: logprob {} vs {}",
-            g.1,
-            w.1
-        );
-        if w.2 < near_tie {
-            eprintln!("{label}: {s} tokens equal up to a near-tie");
-            return s;
-        }
-        assert_eq!(g.0, w.0, "{label}: token {s} differs");
-    }
-    eprintln!("{label}: all {} tokens equal", want.len());
-    want.len()
-}
-
 /// Greedy under quantized caches of `bits` against the float cache.
 fn greedy_equals_float(name: &str, bits: &[u32]) {
     let float = load(name, None);
@@ -173,7 +135,7 @@ fn greedy_equals_float(name: &str, bits: &[u32]) {
             .remove(0)
             .0;
         let label = format!("{name} {bits}-bit vs float");
-        assert_same(&label, &got, &want, f32::INFINITY, NEAR_TIE);
+        assert_same_within(&label, &got, &want, f32::INFINITY, NEAR_TIE);
     }
 }
 
@@ -220,7 +182,7 @@ fn quantized_rows_batched_equal_rows_alone() {
         let alone = generate(&f, std::slice::from_ref(p), 16, 1, None)
             .remove(0)
             .0;
-        assert_same(
+        assert_same_within(
             &format!("row {i}"),
             &together[i].0,
             &alone,
@@ -262,7 +224,7 @@ fn quantized_cache_hits_equal_a_cold_run_in_both_tiers() {
             "{name}: RAM reused {cached} of {}",
             next.len()
         );
-        assert_same(
+        assert_same_within(
             &format!("{name} RAM hit"),
             &warm,
             &cold,
@@ -279,7 +241,7 @@ fn quantized_cache_hits_equal_a_cold_run_in_both_tiers() {
             "{name}: SSD restored {cached} of {}",
             next.len()
         );
-        assert_same(
+        assert_same_within(
             &format!("{name} SSD restore"),
             &restored,
             &cold,
