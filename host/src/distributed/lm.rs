@@ -41,6 +41,9 @@ impl DistributedLm {
         if let Some(reason) = failure() {
             return Err(DistributedError::RankFailed(reason).into());
         }
+        // A failure found while this step runs may leave it blocked in a
+        // collective (see `STUCK_STEP_GRACE`).
+        let _in_step = super::StepGuard::enter();
         if rows.iter().any(|r| r.lora.is_some()) {
             return Err(DistributedError::Shard(
                 "--tensor-parallel: LoRA adapters are not sharded".into(),

@@ -60,6 +60,73 @@ pub enum DistributedError {
 
 static FAILURE: Mutex<Option<String>> = Mutex::new(None);
 static STOPPING: AtomicBool = AtomicBool::new(false);
+/// Set while rank 0 runs a step (its forward, with the collectives in it,
+/// and the workers' answers).
+static IN_STEP: AtomicBool = AtomicBool::new(false);
+
+/// How long rank 0's step may go on once the group failed before rank 0
+/// concludes it is blocked in a collective whose peer is gone and exits
+/// (code [`STUCK_EXIT_CODE`]). A rank killed while the others wait in an
+/// `all_sum` can leave them waiting on the ring's socket for good (one run
+/// of the kill test in seven hung so): MLX's wait cannot be interrupted,
+/// and a server whose engine thread never returns would hang every client.
+/// A step that errors or ends meanwhile disarms it.
+pub const STUCK_STEP_GRACE: std::time::Duration = std::time::Duration::from_secs(15);
+/// Rank 0's exit status when it stops for a step blocked on a dead rank
+/// (`EX_SOFTWARE`).
+pub const STUCK_EXIT_CODE: i32 = 70;
+
+/// Marks rank 0 inside a step until dropped (see [`STUCK_STEP_GRACE`]).
+pub struct StepGuard(());
+
+impl StepGuard {
+    /// Enters a step.
+    pub fn enter() -> StepGuard {
+        IN_STEP.store(true, Ordering::SeqCst);
+        StepGuard(())
+    }
+}
+
+impl Drop for StepGuard {
+    fn drop(&mut self) {
+        IN_STEP.store(false, Ordering::SeqCst);
+    }
+}
+
+/// After the first failure: waits [`STUCK_STEP_GRACE`] for a running step
+/// to come back; if it has not (and rank 0 is not stopping on purpose),
+/// the step is blocked on the dead rank, so the process exits, closing
+/// every client's connection, rather than hang them all.
+fn watch_for_a_stuck_step(reason: String) {
+    let spawned = std::thread::Builder::new()
+        .name("tp-watchdog".into())
+        .spawn(move || {
+            let deadline = std::time::Instant::now() + STUCK_STEP_GRACE;
+            while std::time::Instant::now() < deadline {
+                if !IN_STEP.load(Ordering::SeqCst) || STOPPING.load(Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            if STOPPING.load(Ordering::SeqCst) || !IN_STEP.load(Ordering::SeqCst) {
+                return;
+            }
+            tracing::error!(
+                %reason,
+                grace_s = STUCK_STEP_GRACE.as_secs(),
+                "rank 0 is blocked in a collective with a rank that is gone; exiting"
+            );
+            eprintln!(
+                "mlxhost: tensor parallelism failed ({reason}) and rank 0's step has been \
+                 blocked on the lost rank for {} s; exiting with status {STUCK_EXIT_CODE}",
+                STUCK_STEP_GRACE.as_secs()
+            );
+            std::process::exit(STUCK_EXIT_CODE);
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "could not start the tensor-parallel watchdog");
+    }
+}
 
 /// Rank 0 is stopping on purpose: workers leaving from now on is not a
 /// failure.
@@ -77,7 +144,9 @@ pub fn set_failed(reason: String) {
     let mut f = FAILURE.lock().unwrap_or_else(|e| e.into_inner());
     if f.is_none() {
         tracing::error!(%reason, "tensor-parallel group failed");
-        *f = Some(reason);
+        *f = Some(reason.clone());
+        drop(f);
+        watch_for_a_stuck_step(reason);
     }
 }
 
