@@ -77,15 +77,24 @@ pub struct Fixture {
 /// Loads `tests/fixtures/models/<name>` (default options) with the
 /// `standard` sampler plugin.
 pub fn fixture(name: &str) -> Fixture {
-    let dir = plugin_folder_with(&["standard"]);
     let path = format!("{}/fixtures/models/{name}", env!("CARGO_MANIFEST_DIR"));
     let model = mlxhost::model::load(Path::new(&path), &Default::default()).expect("model loads");
-    let plugins = PluginHost::load_dir(dir.path(), PluginLimits::default()).expect("plugins load");
-    plugins.set_vocab(Arc::new(VocabView::new(model.tokenizer.clone())));
-    Fixture {
-        model,
-        plugins: Arc::new(plugins),
-        _dir: dir,
+    Fixture::with_standard_sampler(model)
+}
+
+impl Fixture {
+    /// `model` with the `standard` sampler plugin, loaded from a folder of
+    /// its own and told the model's vocabulary.
+    pub fn with_standard_sampler(model: LoadedModel) -> Fixture {
+        let dir = plugin_folder_with(&["standard"]);
+        let plugins =
+            PluginHost::load_dir(dir.path(), PluginLimits::default()).expect("plugins load");
+        plugins.set_vocab(Arc::new(VocabView::new(model.tokenizer.clone())));
+        Fixture {
+            model,
+            plugins: Arc::new(plugins),
+            _dir: dir,
+        }
     }
 }
 

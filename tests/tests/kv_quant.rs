@@ -12,16 +12,14 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::Duration;
 
 use mlxhost::cache::{KvQuant, PrefixCache, PromptCache};
 use mlxhost::engine::scheduler::{ChainSource, Pending, Scheduler, SchedulerConfig};
 use mlxhost::model::LoadedModel;
-use mlxhost::plugin::{PluginHost, PluginLimits, VocabView};
+use mlxhost_e2e::installed_model;
 use mlxhost_e2e::requests::greedy_request;
-use mlxhost_e2e::sliding_cache::{assert_same_within, open_ssd, Record, Sink};
-use mlxhost_e2e::{installed_model, plugin_folder_with};
+use mlxhost_e2e::sliding_cache::{assert_same_within, open_ssd, Fixture, Record, Sink};
 
 /// Greedy tokens are compared up to the first step whose float top-2
 /// margin is below this: semantics.md's near-tie rule for the float32 path
@@ -37,25 +35,12 @@ const NEAR_TIE: f32 = 0.2;
 /// (measured up to 0.03 nats at 8 bits, 0.13 at 4 bits).
 const SAME_SCHEME_TOL: f32 = 0.1;
 
-struct Fixture {
-    model: LoadedModel,
-    plugins: Arc<PluginHost>,
-    _dir: tempfile::TempDir,
-}
-
 fn load(name: &str, quant: Option<KvQuant>) -> Fixture {
-    let dir = plugin_folder_with(&["standard"]);
     let model =
         mlxhost::model::load(&installed_model(name), &Default::default()).expect("model loads");
     let model =
         mlxhost::model::quantized_kv::with_kv_quant(model, quant).expect("a scheme the model fits");
-    let plugins = PluginHost::load_dir(dir.path(), PluginLimits::default()).expect("plugins load");
-    plugins.set_vocab(Arc::new(VocabView::new(model.tokenizer.clone())));
-    Fixture {
-        model,
-        plugins: Arc::new(plugins),
-        _dir: dir,
-    }
+    Fixture::with_standard_sampler(model)
 }
 
 fn q(bits: u32) -> Option<KvQuant> {
