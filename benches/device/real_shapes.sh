@@ -69,16 +69,20 @@ if [ "${1:-all}" = step ] || [ "${1:-all}" = all ]; then
       --generation-tokens 128 --num-trials 3 --batch-size "$b" 2>&1 | tail -4
   done
 fi
+# wait_up URL PID LOG: until URL answers; if PID exits first, LOG's tail and exit 1.
+wait_up() {
+  until curl -sf "$1" >/dev/null; do
+    kill -0 "$2" 2>/dev/null || { tail -20 "$3"; exit 1; }
+    sleep 1
+  done
+}
 # `mlxhost serve` on port 18080 with the default plugins (and EXTRA_SERVE_ARGS), waited for.
 start_server() {
   "$BIN" serve --model "$DIR" --plugins plugins --port 18080 ${EXTRA_SERVE_ARGS:-} 2>"$OUT/serve.log" &
   PID=$!
   trap 'kill $PID 2>/dev/null || true' EXIT
   t0=$SECONDS
-  until curl -sf http://127.0.0.1:18080/health >/dev/null; do
-    kill -0 $PID 2>/dev/null || { tail -20 "$OUT/serve.log"; exit 1; }
-    sleep 1
-  done
+  wait_up http://127.0.0.1:18080/health $PID "$OUT/serve.log"
 }
 if [ "${1:-all}" = structured ]; then
   # Issue 39 on the card: a constrained decode step (the grammar plugin's JSON-Schema mask, a
@@ -101,10 +105,7 @@ if [ "${1:-all}" = http ]; then
   python3 benches/mlx_lm_run.py server --model "$DIR" --port 18081 2>"$OUT/mlx-lm-server.log" &
   MPID=$!
   trap 'kill $PID $MPID 2>/dev/null || true' EXIT
-  until curl -sf http://127.0.0.1:18081/v1/models >/dev/null; do
-    kill -0 $MPID 2>/dev/null || { tail -20 "$OUT/mlx-lm-server.log"; exit 1; }
-    sleep 1
-  done
+  wait_up http://127.0.0.1:18081/v1/models $MPID "$OUT/mlx-lm-server.log"
   LEVELS="${LEVELS:-1 8 32}" MAX_TOKENS="${MAX_TOKENS:-64}" WARMUP=1 \
     python3 benches/concurrency.py mlxhost=http://127.0.0.1:18080 mlx_lm.server=http://127.0.0.1:18081
   exit 0
@@ -120,10 +121,7 @@ if [ "${1:-all}" = two ]; then
     ${EXTRA_SERVE_ARGS:-} 2>"$OUT/serve-b.log" &
   BPID=$!
   trap 'kill $APID $BPID 2>/dev/null || true' EXIT
-  until curl -sf http://127.0.0.1:18081/health >/dev/null; do
-    kill -0 $BPID 2>/dev/null || { tail -20 "$OUT/serve-b.log"; exit 1; }
-    sleep 1
-  done
+  wait_up http://127.0.0.1:18081/health $BPID "$OUT/serve-b.log"
   echo "{\"two\": \"A and B together\", \"gpu_used_mib\": $(used)}"
   LEVELS="1 8" MAX_TOKENS=64 ROUNDS=2 WARMUP=1 python3 benches/concurrency.py A=http://127.0.0.1:18080 | grep '^{' &
   LEVELS="1 8" MAX_TOKENS=64 ROUNDS=2 WARMUP=1 python3 benches/concurrency.py B=http://127.0.0.1:18081 | grep '^{'
