@@ -113,6 +113,76 @@ fn fused_decode_layer_scores_like_mlx_ops() {
     assert_scores_close(&fused_batched, &fused_alone, 5e-3);
 }
 
+/// Per step of every row, |a - b| of the scored token's logprob.
+fn token_logprob_gaps(
+    a: &[mlxhost::score::ScoreOutput],
+    b: &[mlxhost::score::ScoreOutput],
+) -> Vec<f32> {
+    assert_eq!(a.len(), b.len(), "row counts differ");
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| {
+            assert_eq!(x.steps.len(), y.steps.len(), "step counts differ");
+            x.steps
+                .iter()
+                .zip(&y.steps)
+                .map(|(p, q)| (p.logprob - q.logprob).abs())
+        })
+        .collect()
+}
+
+fn mean(xs: &[f32]) -> f32 {
+    xs.iter().sum::<f32>() / xs.len().max(1) as f32
+}
+
+/// With quantized KV (`--kv-bits`), the fused decode op (it quantizes the
+/// new keys and values itself and attends over the packed rows, split by
+/// position over the pool) against the MLX-op path (`mlx::quantize` and
+/// the per-layer quantized attention op). The two cannot agree to float
+/// rounding: each computes a key in its own float order, and a key element
+/// near a rounding boundary lands on the neighbouring code (one step is
+/// 1/15 of the group's range at 4 bits). So: rows together equal rows
+/// alone; at 8 bits the paths agree closely; at both widths the fused
+/// path drifts from the float cache no more than the MLX-op path does.
+#[test]
+fn fused_decode_layer_with_quantized_kv_scores_like_mlx_ops() {
+    let input = score_input(&reference_rows());
+    let path = input.path().to_str().expect("path");
+    let base = [
+        "score",
+        "--dtype",
+        "quantized",
+        "--decode",
+        "--input",
+        path,
+        "--batch-size",
+    ];
+    let float = parse_score(&mlxhost_ok(&[&base[..], &["1"]].concat()));
+    for bits in ["8", "4"] {
+        let args = [&base[..], &["1", "--kv-bits", bits]].concat();
+        let fused_alone = parse_score(&mlxhost_ok(&args));
+        let batched = [&base[..], &["3", "--kv-bits", bits]].concat();
+        let fused_batched = parse_score(&mlxhost_ok(&batched));
+        let unfused = parse_score(&mlxhost_ok_env(&args, &[("MLXHOST_DECODE_LAYER", "mlx")]));
+        assert_scores_close(&fused_batched, &fused_alone, 1e-4);
+        let between = token_logprob_gaps(&fused_alone, &unfused);
+        if bits == "8" {
+            let worst = between.iter().copied().fold(0.0f32, f32::max);
+            assert!(
+                mean(&between) <= 0.02 && worst <= 0.15,
+                "8 bits: fused vs MLX ops mean {} max {worst}",
+                mean(&between)
+            );
+        }
+        let fused_drift = mean(&token_logprob_gaps(&fused_alone, &float));
+        let mlx_drift = mean(&token_logprob_gaps(&unfused, &float));
+        assert!(
+            fused_drift <= 1.25 * mlx_drift + 0.005,
+            "{bits} bits: drift from the float cache {fused_drift} (fused) vs {mlx_drift} (MLX ops)"
+        );
+    }
+}
+
 #[test]
 fn messages_input_scores_like_prompt_ids() {
     use std::io::Write;

@@ -38,6 +38,29 @@ void parallel_for_range(int n, int min, const std::function<void(int, int)>& bod
 // split over the pool; 16 lanes at a time with AVX-512 (swiglu.cpp).
 void swiglu(const float* gu, int R, int inter, float* act);
 
+// One query row's attention over one KV head's quantized cache rows
+// (kv_quant_attention.cpp; layout there): `heads` query heads (q: [heads,
+// D] float32, consecutive), positions [0, len) of `keys` and `values`
+// (each position one row of D * bits / 32 + 2 * D / group uint32 words),
+// weights softmax(scale q k^T); writes out [heads, D].
+struct KvQuantJob {
+  const float* q;
+  int heads;
+  const uint32_t* keys;
+  const uint32_t* values;
+  int len;
+  float scale;
+  float* out;
+};
+
+// Writes D floats of `x` as one quantized row (MLX's affine `quantize`,
+// bit for bit) at `row`. bits 4 or 8; group 32, 64 or 128 dividing D.
+void kv_quantize_row(const float* x, int dim, int bits, int group, uint32_t* row);
+
+// Runs `count` jobs on the pool, their positions split in chunks so every
+// thread has work (softmax partials merged per job).
+void kv_quant_attention(const KvQuantJob* jobs, int count, int dim, int bits, int group);
+
 // Causal attention of a prefill chunk over one row's KV cache
 // (prefill_attention.cpp): q [1, H, T, D], keys and values [1, H_kv, offset
 // + T, D] float32 (last axis contiguous), out [T, H * D] token-major; query

@@ -37,6 +37,8 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
 
+#include "cpu_kernels.h"
+
 namespace mx = mlx::core;
 
 namespace {
@@ -249,15 +251,11 @@ extern "C" int mlxhost_decode_attention(
 }
 
 // ---------------------------------------------------------------------------
-// The same op over quantized caches (`--kv-bits`, the host's `cache::quant`):
-// each position's keys (and values) per KV head are one uint32 row of P
-// words: D * bits / 32 words of packed values (MLX's affine layout: element
-// i of a word at bits * i from the low end), then D / group_size float32
-// scales, then as many float32 biases, as bit patterns. The row's new key and
-// value arrive already packed (MLX's `quantize`, so every path stores the
-// same numbers); the op copies them in at `pos`, in place, and attends by
-// dequantizing one position's row at a time into a D-float scratch: no
-// dequantized copy of the cache.
+// The same op over quantized caches (`--kv-bits`, the host's `cache::quant`;
+// the row layout and the attention kernel: kv_quant_attention.cpp). The
+// row's new key and value arrive already packed (MLX's `quantize`, so every
+// path stores the same numbers); the op copies them in at `pos`, in place,
+// and attends over the packed rows: no dequantized copy of the cache.
 //
 // Inputs:  q [R, H, 1, D] (float32, float16 or bfloat16; any strides), k, v
 //          [R, H_kv, 1, P] uint32 (any strides), then K_0, V_0, ... [1,
@@ -266,45 +264,24 @@ extern "C" int mlxhost_decode_attention(
 
 namespace {
 
-// One position's packed row -> D floats (scale * q + bias per group).
-template <int BITS>
-inline void unpack_row(const uint32_t* row, int dim, int group_size, float* out) {
-  constexpr int per_word = 32 / BITS;
-  constexpr uint32_t mask = (1u << BITS) - 1;
-  const int words = dim * BITS / 32;
-  const int groups = dim / group_size;
-  const float* scales = reinterpret_cast<const float*>(row + words);
-  const float* biases = scales + groups;
-  for (int w = 0; w < words; w++) {
-    const uint32_t x = row[w];
-    for (int k = 0; k < per_word; k++)
-      out[w * per_word + k] = static_cast<float>((x >> (BITS * k)) & mask);
-  }
-  for (int g = 0; g < groups; g++) {
-    const float s = scales[g], b = biases[g];
-    float* o = out + g * group_size;
-    for (int i = 0; i < group_size; i++)
-      o[i] = o[i] * s + b;
-  }
-}
-
-template <typename T, int BITS>
+template <typename T>
 void run_quant(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs,
     const std::vector<int>& positions,
     float scale,
+    int bits,
     int group_size) {
   const auto& q = inputs[0];
   const auto& k = inputs[1];
   const auto& v = inputs[2];
   const int rows = q.shape(0), heads = q.shape(1), dim = q.shape(3);
   const int words = k.shape(3);
-  T* o = outputs[0].data<T>();
-  std::vector<float> qf, scores, acc, scratch(dim);
+  // q as float32 and the output before its cast, [R, H, D] each.
+  std::vector<float> qf(size_t(rows) * heads * dim), of(qf.size());
+  std::vector<mlxhost_cpu::KvQuantJob> jobs;
   for (int r = 0; r < rows; r++) {
     const int pos = positions[r];
-    const int len = pos + 1;
     auto& kc = outputs[1 + 2 * r];
     auto& vc = outputs[2 + 2 * r];
     const int kv_heads = kc.shape(1);
@@ -321,67 +298,19 @@ void run_quant(
         kw[(int64_t(h) * cap + pos) * words + w] = kn[r * kst[0] + h * kst[1] + w * kst[3]];
         vw[(int64_t(h) * cap + pos) * words + w] = vn[r * vst[0] + h * vst[1] + w * vst[3]];
       }
-    qf.resize(size_t(group) * dim);
-    scores.resize(size_t(group) * len);
-    acc.resize(size_t(group) * dim);
+    for (int h = 0; h < heads; h++)
+      for (int d = 0; d < dim; d++)
+        qf[(size_t(r) * heads + h) * dim + d] = at(q.data<T>(), q.strides(), r, h, 0, d);
     for (int g = 0; g < kv_heads; g++) {
-      for (int i = 0; i < group; i++)
-        for (int d = 0; d < dim; d++)
-          qf[size_t(i) * dim + d] = scale * at(q.data<T>(), q.strides(), r, g * group + i, 0, d);
-      // Scores: one dequantized key row at a time, against every query head
-      // of this KV head.
-      const uint32_t* kb = kw + int64_t(g) * cap * words;
-      for (int j = 0; j < len; j++) {
-        unpack_row<BITS>(kb + int64_t(j) * words, dim, group_size, scratch.data());
-        for (int i = 0; i < group; i++)
-          scores[size_t(i) * len + j] = dot(&qf[size_t(i) * dim], scratch.data(), dim);
-      }
-      for (int i = 0; i < group; i++) {
-        float* s = &scores[size_t(i) * len];
-        float mx_score = -INFINITY;
-        for (int j = 0; j < len; j++)
-          mx_score = std::max(mx_score, s[j]);
-        float total = 0;
-        for (int j = 0; j < len; j++) {
-          s[j] = std::exp(s[j] - mx_score);
-          total += s[j];
-        }
-        const float inv = 1.0f / total;
-        for (int j = 0; j < len; j++)
-          s[j] *= inv;
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      const uint32_t* vb = vw + int64_t(g) * cap * words;
-      for (int j = 0; j < len; j++) {
-        unpack_row<BITS>(vb + int64_t(j) * words, dim, group_size, scratch.data());
-        for (int i = 0; i < group; i++) {
-          const float p = scores[size_t(i) * len + j];
-          float* a = &acc[size_t(i) * dim];
-          for (int d = 0; d < dim; d++)
-            a[d] += p * scratch[d];
-        }
-      }
-      for (int i = 0; i < group; i++) {
-        T* orow = o + (int64_t(r) * heads + g * group + i) * dim;
-        for (int d = 0; d < dim; d++)
-          store(&orow[d], acc[size_t(i) * dim + d]);
-      }
+      const size_t first = (size_t(r) * heads + size_t(g) * group) * dim;
+      jobs.push_back({qf.data() + first, group, kw + int64_t(g) * cap * words,
+                      vw + int64_t(g) * cap * words, pos + 1, scale, of.data() + first});
     }
   }
-}
-
-template <typename T>
-void run_quant_bits(
-    const std::vector<mx::array>& inputs,
-    std::vector<mx::array>& outputs,
-    const std::vector<int>& positions,
-    float scale,
-    int bits,
-    int group_size) {
-  if (bits == 4)
-    run_quant<T, 4>(inputs, outputs, positions, scale, group_size);
-  else
-    run_quant<T, 8>(inputs, outputs, positions, scale, group_size);
+  mlxhost_cpu::kv_quant_attention(jobs.data(), int(jobs.size()), dim, bits, group_size);
+  T* o = outputs[0].data<T>();
+  for (size_t i = 0; i < of.size(); i++)
+    store(&o[i], of[i]);
 }
 
 class QuantDecodeAttention : public mx::Primitive {
@@ -415,13 +344,13 @@ class QuantDecodeAttention : public mx::Primitive {
                   group_size = group_size_]() mutable {
       switch (inputs[0].dtype()) {
         case mx::float16:
-          run_quant_bits<mx::float16_t>(inputs, outputs, positions, scale, bits, group_size);
+          run_quant<mx::float16_t>(inputs, outputs, positions, scale, bits, group_size);
           break;
         case mx::bfloat16:
-          run_quant_bits<mx::bfloat16_t>(inputs, outputs, positions, scale, bits, group_size);
+          run_quant<mx::bfloat16_t>(inputs, outputs, positions, scale, bits, group_size);
           break;
         default:
-          run_quant_bits<float>(inputs, outputs, positions, scale, bits, group_size);
+          run_quant<float>(inputs, outputs, positions, scale, bits, group_size);
       }
     });
   }

@@ -64,6 +64,7 @@ namespace mx = mlx::core;
 #if defined(__x86_64__)
 using mlxhost_cpu::exp512;
 using mlxhost_cpu::has_avx512;
+using mlxhost_cpu::hsum16;
 #endif
 
 namespace {
@@ -77,6 +78,9 @@ struct Shape {
   // its scales and biases inputs are then unused placeholders), and that
   // layout's scales are float16.
   bool packed[4], f16[4];
+  // The KV cache's scheme: 0 = float32 rows of D; else `kv_bits` (4 or 8)
+  // quantized rows of `kv_group` (kv_quant_attention.cpp).
+  int kv_bits, kv_group;
 };
 
 void rms_norm(const float* x, const float* w, float eps, int n, float* out) {
@@ -114,31 +118,6 @@ void rope_table(int pos, const std::vector<float>& inv_freq, float* cs) {
 }
 
 #if defined(__x86_64__)
-// r[l] = sum of the 16 lanes of v[l], for 16 vectors at once: pairs within
-// 128-bit lanes (unpack), then quads (shuffle), then across the four
-// 128-bit lanes (shuffle_f32x4); 45 instructions for 16 sums.
-__attribute__((target("avx512f"))) inline __m512 hsum16(const __m512* v) {
-  __m512 t[8], u[4];
-  for (int i = 0; i < 8; i++)
-    t[i] = _mm512_add_ps(
-        _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  // t[i], per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] (a = v[2i], b = v[2i+1]).
-  for (int i = 0; i < 4; i++)
-    u[i] = _mm512_add_ps(
-        _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-        _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  // u[i], per 128-bit lane k: the lane-k sums of v[4i .. 4i + 3].
-  const __m512 x01 = _mm512_add_ps(
-      _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)),
-      _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 x23 = _mm512_add_ps(
-      _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(1, 0, 1, 0)),
-      _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 2, 3, 2)));
-  return _mm512_add_ps(
-      _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(2, 0, 2, 0)),
-      _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
 // Attention of `group` query heads (q, consecutive) over one KV head's
 // valid positions [0, len) (K, V: [len, D]), AVX-512, D a multiple of 16:
 // the same math as the portable loop below (softmax(q K^T * scale) V).
@@ -502,6 +481,11 @@ void run(
       qkv[size_t(r) * qkv_n + j] += qkv_bias[j];
 
   // RoPE, the cache write and attention, one task per (row, KV head).
+  // Quantized caches: the task writes the packed rows and leaves a job;
+  // the jobs then run together, split by position over the pool.
+  const bool quant_kv = sh.kv_bits != 0;
+  const size_t row_words = quant_kv ? size_t(D) * sh.kv_bits / 32 + 2 * size_t(D / sh.kv_group) : 0;
+  std::vector<mlxhost_cpu::KvQuantJob> jobs(quant_kv ? size_t(R) * Hkv : 0);
   mlxhost_cpu::parallel_for(R * Hkv, [&](int task) {
     const int r = task / Hkv, g = task % Hkv;
     const int pos = positions[r];
@@ -517,11 +501,20 @@ void run(
     auto& kc = out[1 + 2 * r];
     auto& vc = out[2 + 2 * r];
     const int cap = kc.shape(2);
+    const float scale = 1.0f / std::sqrt(float(D));
+    if (quant_kv) {
+      uint32_t* K = kc.data<uint32_t>() + size_t(g) * cap * row_words;
+      uint32_t* V = vc.data<uint32_t>() + size_t(g) * cap * row_words;
+      mlxhost_cpu::kv_quantize_row(k + size_t(g) * D, D, sh.kv_bits, sh.kv_group, K + size_t(pos) * row_words);
+      mlxhost_cpu::kv_quantize_row(v + size_t(g) * D, D, sh.kv_bits, sh.kv_group, V + size_t(pos) * row_words);
+      jobs[task] = {q + size_t(g) * group * D, group, K, V, pos + 1, scale,
+                    attn.data() + (size_t(r) * H + size_t(g) * group) * D};
+      return;
+    }
     float* K = kc.data<float>() + size_t(g) * cap * D;
     float* V = vc.data<float>() + size_t(g) * cap * D;
     std::copy(k + size_t(g) * D, k + size_t(g + 1) * D, K + size_t(pos) * D);
     std::copy(v + size_t(g) * D, v + size_t(g + 1) * D, V + size_t(pos) * D);
-    const float scale = 1.0f / std::sqrt(float(D));
 #if defined(__x86_64__)
     if (D % 16 == 0 && has_avx512()) {
       std::vector<float> scores(size_t(group) * (pos + 1));
@@ -561,6 +554,9 @@ void run(
       std::copy(acc.begin(), acc.end(), attn.data() + (size_t(r) * H + hq) * D);
     }
   });
+
+  if (quant_kv)
+    mlxhost_cpu::kv_quant_attention(jobs.data(), int(jobs.size()), D, sh.kv_bits, sh.kv_group);
 
   product(in, 6, attn.data(), proj.data(), R, sh, 1, E, H * D);
   lora_add(in, lora[1], attn.data(), proj.data(), R, E, H * D, lora_rows);
@@ -677,6 +673,8 @@ extern "C" int mlxhost_decode_layer(
     int intermediate,
     float eps,
     float rope_theta,
+    int kv_bits,
+    int kv_group,
     int variant) {
   try {
     const auto& ha = mlx_array_get_(h);
@@ -686,7 +684,13 @@ extern "C" int mlxhost_decode_layer(
                 intermediate > 0,
             "decode layer: heads must be a multiple of kv_heads, head_dim even");
     const int E = ha.shape(1);
-    Shape sh{heads, kv_heads, head_dim, intermediate, eps, rope_theta, {}, {}, {}, {}, {}};
+    require(kv_bits == 0 || ((kv_bits == 4 || kv_bits == 8) &&
+                              (kv_group == 32 || kv_group == 64 || kv_group == 128) &&
+                              head_dim % kv_group == 0),
+            "decode layer: the KV scheme must be float (0) or 4/8 bits in groups of 32, 64 or 128 "
+            "dividing head_dim");
+    Shape sh{heads, kv_heads, head_dim, intermediate, eps, rope_theta, {}, {}, {}, {}, {},
+             kv_bits, kv_group};
     for (int l = 0; l < 4; l++)
       sh.variant[l] = variant;
     std::vector<mx::array> inputs = {ha};
@@ -737,16 +741,18 @@ extern "C" int mlxhost_decode_layer(
     for (int r = 0; r < rows; r++) {
       const auto& kc = mlx_array_get_(keys[r]);
       const auto& vc = mlx_array_get_(values[r]);
+      const mx::Dtype cache_dtype = kv_bits ? mx::uint32 : mx::float32;
+      const int width = kv_bits ? head_dim * kv_bits / 32 + 2 * (head_dim / kv_group) : head_dim;
       require(kc.ndim() == 4 && kc.shape() == vc.shape() && kc.shape(1) == kv_heads &&
-                  kc.shape(3) == head_dim && pos[r] >= 0 && pos[r] < kc.shape(2) &&
-                  kc.dtype() == mx::float32 && vc.dtype() == mx::float32,
+                  kc.shape(3) == width && pos[r] >= 0 && pos[r] < kc.shape(2) &&
+                  kc.dtype() == cache_dtype && vc.dtype() == cache_dtype,
               "decode layer: a cache buffer does not fit its row");
       inputs.push_back(kc);
       inputs.push_back(vc);
       shapes.push_back(kc.shape());
       shapes.push_back(vc.shape());
-      dtypes.push_back(mx::float32);
-      dtypes.push_back(mx::float32);
+      dtypes.push_back(cache_dtype);
+      dtypes.push_back(cache_dtype);
     }
     // The LoRA pairs follow the caches.
     const int G = lora_adapters;

@@ -54,6 +54,21 @@ extern "C" {
         scale: f32,
     ) -> ::std::os::raw::c_int;
 
+    /// Quantizes `rows` rows of `dim` float32 at `x` into packed KV rows
+    /// at `out` (`rows * (dim * bits / 32 + 2 * dim / group)` words; the
+    /// layout of the host's `cache::quant`), as the fused decode op writes
+    /// them (`native/kv_quant_attention.cpp`): the host's tests hold it to
+    /// MLX's `quantize` bit for bit. `bits` 4 or 8, `group` 32, 64 or 128
+    /// dividing `dim`.
+    pub fn mlxhost_kv_quantize_rows(
+        x: *const f32,
+        rows: ::std::os::raw::c_int,
+        dim: ::std::os::raw::c_int,
+        bits: ::std::os::raw::c_int,
+        group: ::std::os::raw::c_int,
+        out: *mut u32,
+    );
+
     /// [`mlxhost_decode_attention`] over quantized caches
     /// (`native/decode_attention.cpp`, CPU only): `k`/`v` are the rows' new
     /// keys and values as packed rows `[R, H_kv, 1, P]` `uint32` and the
@@ -220,8 +235,10 @@ extern "C" {
     /// offset, width) in `lora_spans` and their scales in `lora_scales`
     /// (rank 0: no part); `lora` the float16 A and B of each adapted
     /// (product, adapter) in that order; `lora_rows[r]` row r's adapter
-    /// (-1: none). Returns 0, or 1 after reporting through mlx-c's error
-    /// handler.
+    /// (-1: none). `kv_bits`/`kv_group`: the caches' scheme (0: float32
+    /// `[1, H_kv, cap, D]`; 4 or 8: packed uint32 rows of
+    /// `native/kv_quant_attention.cpp`). Returns 0, or 1 after reporting
+    /// through mlx-c's error handler.
     pub fn mlxhost_decode_layer(
         h_out: *mut mlx_array,
         new_keys: *mut mlx_array,
@@ -247,6 +264,8 @@ extern "C" {
         intermediate: ::std::os::raw::c_int,
         eps: f32,
         rope_theta: f32,
+        kv_bits: ::std::os::raw::c_int,
+        kv_group: ::std::os::raw::c_int,
         variant: ::std::os::raw::c_int,
     ) -> ::std::os::raw::c_int;
 

@@ -229,6 +229,47 @@ mod tests {
             .item_exact::<f32>()
     }
 
+    /// The fused decode op's own quantizer (`kv_quant_attention.cpp`)
+    /// writes exactly the rows MLX's `quantize` does ([`KvQuant::pack`]),
+    /// so a row's cache holds the same numbers whichever path wrote it:
+    /// random rows, a constant one (its scale at the floor) and rows
+    /// whose larger edge is negative or positive.
+    #[test]
+    fn the_fused_ops_quantizer_writes_what_mlx_quantize_does() {
+        mlx_rs::random::seed(11).expect("seed");
+        let d = 128usize;
+        let mut rows: Vec<f32> = normal(&[6, d as i32]).as_slice::<f32>().to_vec();
+        rows.extend(std::iter::repeat_n(0.25f32, d));
+        rows.extend((0..d).map(|i| -3.0 + i as f32 * 0.01));
+        rows.extend((0..d).map(|i| 3.0 - i as f32 * 0.02));
+        let n = rows.len() / d;
+        for bits in [8, 4] {
+            for group in [32, 64, 128] {
+                let q = KvQuant::new(bits, group).expect("a scheme");
+                let x = Array::from_slice(&rows, &[n as i32, d as i32]);
+                let want = q.pack(&x).expect("pack");
+                let mut got = vec![0u32; n * q.row_words(d)];
+                // SAFETY: `rows` holds n * d floats and `got` n rows of
+                // `row_words` words, what the call reads and writes.
+                unsafe {
+                    mlx_sys::mlxhost_kv_quantize_rows(
+                        rows.as_ptr(),
+                        n as i32,
+                        d as i32,
+                        bits as i32,
+                        group as i32,
+                        got.as_mut_ptr(),
+                    );
+                }
+                assert_eq!(
+                    want.as_slice::<u32>(),
+                    &got[..],
+                    "{bits} bits, group {group}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn flags_outside_the_schemes_are_named() {
         assert_eq!(KvQuant::new(3, 64), Err(KvQuantError::Bits(3)));

@@ -268,18 +268,27 @@ mod tests {
 
     /// The quantized op writes MLX's packed rows of the new keys and values
     /// at each row's position and attends like mlx-lm's quantized SDPA
-    /// over the same packed caches.
+    /// over the same packed caches: short rows, and rows long enough to
+    /// be split into several position chunks (merged softmax partials)
+    /// with several scale groups per head.
     #[test]
     fn quantized_op_matches_quantized_sdpa() -> Result<()> {
+        quantized_op_case(64, 24, &[0, 9, 23], &[32])?;
+        quantized_op_case(128, 1200, &[0, 700, 1199], &[32, 128])
+    }
+
+    fn quantized_op_case(d: i32, cap: i32, positions: &[i32], groups: &[u32]) -> Result<()> {
         use crate::cache::{quant::quantized_sdpa, KvQuant};
         use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
-        let (h, hkv, d, cap) = (6, 2, 64, 24);
-        let positions = [0i32, 9, 23];
+        let (h, hkv) = (6, 2);
         let rows = positions.len() as i32;
         mlx_rs::random::seed(4)?;
         let normal = |shape: &[i32]| mlx_rs::random::normal::<f32>(shape, None, None, None);
-        for bits in [8, 4] {
-            let quant = KvQuant::new(bits, 32).expect("a scheme");
+        for (bits, group) in [8, 4]
+            .into_iter()
+            .flat_map(|b| groups.iter().map(move |&g| (b, g)))
+        {
+            let quant = KvQuant::new(bits, group).expect("a scheme");
             let p = quant.row_words(d as usize) as i32;
             let q = normal(&[rows, h, 1, d])?;
             let (k, v) = (normal(&[rows, hkv, 1, d])?, normal(&[rows, hkv, 1, d])?);
@@ -315,7 +324,7 @@ mod tests {
                 want.push((kc, vc, o));
             }
             let (out, new) =
-                decode_attention_quantized(&quant, &q, &k, &v, caches, &positions, 0.125)?;
+                decode_attention_quantized(&quant, &q, &k, &v, caches, positions, 0.125)?;
             eval(std::iter::once(&out).chain(new.iter().flat_map(|(a, b)| [a, b])))?;
             for (r, (kc, vc, o)) in want.iter().enumerate() {
                 assert_eq!(new[r].0.shape(), &[1, hkv, cap, p]);
@@ -332,7 +341,10 @@ mod tests {
                 let err = ops::abs(&ops::subtract(out.index(ri..ri + 1), o)?)?
                     .max(None)?
                     .item_exact::<f32>();
-                assert!(err < 2e-5, "{bits} bits row {r}: max error {err}");
+                assert!(
+                    err < 2e-5,
+                    "{bits} bits, group {group}, row {r}: max error {err}"
+                );
             }
         }
         Ok(())

@@ -29,6 +29,7 @@ use super::error::Result;
 use super::linear::Linear;
 use super::llama::{Layer, Mlp, Projections};
 use super::lora::PackedPair;
+use crate::cache::KvQuant;
 
 /// Whether the fused op may be used at all (CPU backend, kernels on, not
 /// switched off).
@@ -157,6 +158,8 @@ pub struct LayerShape {
     pub eps: f32,
     /// RoPE base (half-split RoPE, no scaling).
     pub rope_theta: f32,
+    /// The layer's KV cache scheme (`--kv-bits`; `None`: float32 rows).
+    pub kv: Option<KvQuant>,
 }
 
 /// The LoRA deltas of one layer's products for the fused op: per adapter
@@ -175,7 +178,10 @@ const LORA_PARTS: usize = 3;
 
 /// One layer for `R` decode rows: `h [R, E]` float32 (the residual stream),
 /// `caches[r]`: row r's key and value buffers `[1, H_kv, capacity, D]`
-/// float32, owned by that row alone, with `positions[r] < capacity`.
+/// float32, or with `shape.kv` (`--kv-bits`) `[1, H_kv, capacity, P]` uint32
+/// packed rows ([`crate::cache::quant`]; the op quantizes the new key and
+/// value as MLX's `quantize` does and attends over the packed rows), owned
+/// by that row alone, with `positions[r] < capacity`.
 /// `kernel`: the products' CPU kernel. Returns `h' [R, E]` and every
 /// row's buffers after the write (lazy; the same storage).
 ///
@@ -275,6 +281,8 @@ pub fn decode_layer(
                 layer.intermediate,
                 shape.eps,
                 shape.rope_theta,
+                shape.kv.map_or(0, |q| q.bits as i32),
+                shape.kv.map_or(0, |q| q.group_size as i32),
                 kernel.variant(),
             )
         }

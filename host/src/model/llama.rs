@@ -263,10 +263,11 @@ impl Llama {
         // Rows with an adapter too: the op adds their deltas after each
         // product.
         if let Some(fused) = &self.fused_decode {
-            // The fused op reads float caches only: quantized rows take the
-            // per-layer path and its quantized decode op.
-            let float_kv = rows.iter().all(|r| r.cache.quant().is_none());
-            if !rows.is_empty() && float_kv && rows.iter().all(|r| r.tokens.len() == 1) {
+            // The fused op reads float and quantized caches (`--kv-bits`),
+            // one scheme per step: every row of a model shares it.
+            let scheme = rows.first().map(|r| r.cache.quant());
+            let one_scheme = rows.iter().all(|r| Some(r.cache.quant()) == scheme);
+            if !rows.is_empty() && one_scheme && rows.iter().all(|r| r.tokens.len() == 1) {
                 return self.forward_fused_decode(fused, rows, device_ids);
             }
         }
@@ -508,6 +509,7 @@ impl Llama {
             head_dim: c.head_dim() as i32,
             eps: c.rms_norm_eps,
             rope_theta: c.rope_theta,
+            kv: None,
         };
         let positions: Vec<i32> = rows.iter().map(|r| r.cache.offset() as i32).collect();
         // What a row's cache buffers look like (dtype, heads, width).
@@ -522,6 +524,7 @@ impl Llama {
         for (l, layer) in fused.iter().enumerate() {
             let lora = lora.as_ref().map(|s| s.fused(l, rows.len()));
             let mut caches = Vec::with_capacity(rows.len());
+            let kv = rows.first().and_then(|r| r.cache.layer_quant(l));
             for row in rows.iter_mut() {
                 let pos = row.cache.offset();
                 caches.push(row.cache.take_layer(l, pos + 1, &like)?);
@@ -529,7 +532,7 @@ impl Llama {
             let (out, updated) = decode_layer(
                 &h,
                 layer,
-                shape,
+                LayerShape { kv, ..shape },
                 caches,
                 &positions,
                 self.layer_kernel,

@@ -48,8 +48,8 @@ impl CausalLm for QuantizedKv {
     }
 
     fn fast_one_token_path(&self) -> bool {
-        // The fused decode op reads float caches only.
-        false
+        // The fused decode op reads quantized caches too.
+        self.inner.fast_one_token_path()
     }
 
     fn parameters(&self) -> Vec<&Array> {

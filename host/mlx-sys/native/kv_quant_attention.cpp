@@ -1,0 +1,483 @@
+// Decode attention over quantized KV caches (`--kv-bits`), shared by the
+// fused decode layer (decode_layer.cpp) and the per-layer decode op
+// (decode_attention.cpp); declared in cpu_kernels.h.
+//
+// Row layout (the host's `cache::quant`): one position's keys (or values)
+// of one KV head are P uint32 words: D * bits / 32 words of packed values
+// (MLX's affine layout: element i of a word at bits * i from the low end),
+// then D / group float32 scales, then as many float32 biases, as bit
+// patterns; element = scale * q + bias.
+//
+// Why a kernel of its own: at long contexts decode attention is bound by
+// the bytes it reads, and a quantized row is 3.6x (8 bits) to 6.4x (4 bits)
+// smaller than a float32 one. That becomes speed only if dequantizing costs
+// less than the bytes saved, so rows are dequantized 16 lanes at a time, 16
+// positions at once into an L1 scratch that every query head of the KV
+// head then reads, and the positions are split over the pool in chunks
+// (each chunk's softmax max and sum kept, the chunks merged at the end, as
+// in flash-decoding), so a single row with two or three KV heads still
+// keeps every thread busy.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "cpu_kernels.h"
+#include "simd_math.h"
+
+namespace mlxhost_cpu {
+
+namespace {
+
+// Positions per block: the unit of conversion (one L1 scratch).
+constexpr int kBlock = 16;
+
+struct Layout {
+  int dim, bits, group, groups, words;
+  size_t row_words;
+};
+
+Layout layout(int dim, int bits, int group) {
+  const int words = dim * bits / 32;
+  return {dim, bits, group, dim / group, words, size_t(words) + 2 * size_t(dim / group)};
+}
+
+inline float scale_of(const uint32_t* row, const Layout& lay, int g) {
+  float x;
+  std::memcpy(&x, row + lay.words + g, sizeof(float));
+  return x;
+}
+
+inline float bias_of(const uint32_t* row, const Layout& lay, int g) {
+  float x;
+  std::memcpy(&x, row + lay.words + lay.groups + g, sizeof(float));
+  return x;
+}
+
+// Softmax numerators in place: s[i] = e^(s[i] - max); returns (max, sum).
+std::pair<float, float> softmax_numerators(float* s, int n) {
+  float best = -INFINITY;
+  for (int i = 0; i < n; i++)
+    best = std::max(best, s[i]);
+  return {best, float(exp_shifted_sum(s, n, best, s))};
+}
+
+// ---- Portable path: each row dequantized to floats in element order.
+
+void dequant_row(const uint32_t* row, const Layout& lay, float* out) {
+  const int per_word = 32 / lay.bits;
+  const uint32_t mask = (1u << lay.bits) - 1;
+  for (int i = 0; i < lay.dim; i++) {
+    const uint32_t w = row[i / per_word];
+    const float q = float((w >> (lay.bits * (i % per_word))) & mask);
+    out[i] = q * scale_of(row, lay, i / lay.group) + bias_of(row, lay, i / lay.group);
+  }
+}
+
+// One chunk, positions [j0, j1): per head the chunk's max score m[h], the
+// sum of e^(s - m) l[h] and acc[h] = sum e^(s - m) V (D floats, element
+// order).
+void chunk_plain(const KvQuantJob& job, const Layout& lay, int j0, int j1, float* m, float* l, float* acc) {
+  const int n = j1 - j0, D = lay.dim;
+  thread_local std::vector<float> scores, row;
+  scores.resize(size_t(job.heads) * n);
+  row.resize(D);
+  for (int j = j0; j < j1; j++) {
+    dequant_row(job.keys + size_t(j) * lay.row_words, lay, row.data());
+    for (int h = 0; h < job.heads; h++) {
+      const float* qh = job.q + size_t(h) * D;
+      float dot = 0;
+      for (int d = 0; d < D; d++)
+        dot += qh[d] * row[d];
+      scores[size_t(h) * n + (j - j0)] = job.scale * dot;
+    }
+  }
+  for (int h = 0; h < job.heads; h++)
+    std::tie(m[h], l[h]) = softmax_numerators(scores.data() + size_t(h) * n, n);
+  std::fill(acc, acc + size_t(job.heads) * D, 0.0f);
+  for (int j = j0; j < j1; j++) {
+    dequant_row(job.values + size_t(j) * lay.row_words, lay, row.data());
+    for (int h = 0; h < job.heads; h++) {
+      const float p = scores[size_t(h) * n + (j - j0)];
+      float* a = acc + size_t(h) * D;
+      for (int d = 0; d < D; d++)
+        a[d] += p * row[d];
+    }
+  }
+}
+
+// Element index of code-order slot i (4 bits; identity for 8; the
+// AVX-512 path below).
+inline int element_of_slot(int i, int bits) {
+  if (bits == 8)
+    return i;
+  const int p = i % 32;
+  return i - p + (p < 16 ? 2 * p : 2 * (p - 16) + 1);
+}
+
+#if defined(__x86_64__)
+// ---- AVX-512 path (D a multiple of 32). Rows are converted to their raw
+// codes as floats, unscaled, in "code order": element order for 8 bits;
+// for 4 bits, per 32 elements (16 bytes), the 16 low nibbles (elements 0,
+// 2, ..., 30) then the 16 high ones (1, 3, ..., 31), which makes a byte
+// load, a zero-extend, a mask and a shift the whole unpacking. The query
+// is permuted into the same order once per job, and a group's scale and
+// bias are applied to the dot products and weights instead of every
+// element: q . (s c + b) = s (q . c) + b sum(q), and
+// sum_j p_j (s_j c_j + b_j) = sum_j (p_j s_j) c_j + sum_j p_j b_j.
+
+template <int BITS>
+__attribute__((target("avx512f"))) void codes_avx512(const uint32_t* row, int dim, float* out) {
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(row);
+  if constexpr (BITS == 8) {
+    for (int v = 0; v < dim / 16; v++)
+      _mm512_storeu_ps(
+          out + 16 * v,
+          _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
+              reinterpret_cast<const __m128i*>(bytes + 16 * v)))));
+  } else {
+    const __m512i low = _mm512_set1_epi32(0xF);
+    for (int b = 0; b < dim / 32; b++) {
+      const __m512i x = _mm512_cvtepu8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + 16 * b)));
+      _mm512_storeu_ps(out + 32 * b, _mm512_cvtepi32_ps(_mm512_and_si512(x, low)));
+      _mm512_storeu_ps(out + 32 * b + 16, _mm512_cvtepi32_ps(_mm512_srli_epi32(x, 4)));
+    }
+  }
+}
+
+void codes(const uint32_t* row, const Layout& lay, float* out) {
+  if (lay.bits == 4)
+    codes_avx512<4>(row, lay.dim, out);
+  else
+    codes_avx512<8>(row, lay.dim, out);
+}
+
+// raw[l] = q . cf[l] over the code-order slots [v0 * 16, v1 * 16), for the
+// kBlock rows of cf: 16 partial sums reduced together (hsum16).
+__attribute__((target("avx512f"))) void block_dots(const float* q, const float* cf, int dim, int v0, int v1, float* raw) {
+  __m512 acc[kBlock];
+  const __m512 q0 = _mm512_loadu_ps(q + 16 * v0);
+  for (int l = 0; l < kBlock; l++)
+    acc[l] = _mm512_mul_ps(q0, _mm512_loadu_ps(cf + size_t(l) * dim + 16 * v0));
+  for (int v = v0 + 1; v < v1; v++) {
+    const __m512 qv = _mm512_loadu_ps(q + 16 * v);
+    for (int l = 0; l < kBlock; l++)
+      acc[l] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(cf + size_t(l) * dim + 16 * v), acc[l]);
+  }
+  _mm512_storeu_ps(raw, hsum16(acc));
+}
+
+// a[slot] += sum_l w[group of slot][l] cf[l][slot] over the block's cnt
+// rows, four accumulator vectors held in registers.
+__attribute__((target("avx512f"))) void block_weighted_sum(
+    const float* w,
+    const float* cf,
+    int cnt,
+    const Layout& lay,
+    float* a) {
+  const int dv = lay.dim / 16;
+  for (int d0 = 0; d0 < dv; d0 += 4) {
+    const int width = std::min(4, dv - d0);
+    const float* wg[4];
+    __m512 r[4];
+    for (int u = 0; u < width; u++) {
+      wg[u] = w + size_t((16 * (d0 + u)) / lay.group) * kBlock;
+      r[u] = _mm512_loadu_ps(a + 16 * (d0 + u));
+    }
+    for (int i = 0; i < cnt; i++) {
+      const float* row = cf + size_t(i) * lay.dim + 16 * d0;
+      for (int u = 0; u < width; u++)
+        r[u] = _mm512_fmadd_ps(_mm512_set1_ps(wg[u][i]), _mm512_loadu_ps(row + 16 * u), r[u]);
+    }
+    for (int u = 0; u < width; u++)
+      _mm512_storeu_ps(a + 16 * (d0 + u), r[u]);
+  }
+}
+
+// The block's scales and biases, group-major: sb[g * kBlock + i] (scales)
+// and sb[(G + g) * kBlock + i] (biases) for its cnt rows, 0 past them.
+void block_scales(const uint32_t* rows, int cnt, const Layout& lay, float* sb) {
+  const int G = lay.groups;
+  std::fill(sb, sb + size_t(2) * G * kBlock, 0.0f);
+  for (int i = 0; i < cnt; i++) {
+    const uint32_t* row = rows + size_t(i) * lay.row_words;
+    for (int g = 0; g < G; g++) {
+      sb[size_t(g) * kBlock + i] = scale_of(row, lay, g);
+      sb[size_t(G + g) * kBlock + i] = bias_of(row, lay, g);
+    }
+  }
+}
+
+// softmax_numerators, 16 lanes at a time (scores here are finite).
+__attribute__((target("avx512f"))) std::pair<float, float> softmax_numerators_avx512(float* s, int n) {
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  int j = 0;
+  for (; j + 16 <= n; j += 16)
+    mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
+  const __mmask16 tail = __mmask16((1u << (n - j)) - 1);
+  mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail, s + j));
+  const float best = _mm512_reduce_max_ps(mx);
+  const __m512 bv = _mm512_set1_ps(best);
+  __m512 total = _mm512_setzero_ps();
+  for (j = 0; j + 16 <= n; j += 16) {
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), bv));
+    _mm512_storeu_ps(s + j, e);
+    total = _mm512_add_ps(total, e);
+  }
+  if (j < n) {
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + j), bv));
+    _mm512_mask_storeu_ps(s + j, tail, e);
+    total = _mm512_add_ps(total, _mm512_maskz_mov_ps(tail, e));
+  }
+  return {best, _mm512_reduce_add_ps(total)};
+}
+
+// As chunk_plain, from `q` in code order and `qsum[h * groups + g]` (the
+// sum of head h's q over group g); acc in code order. Scores and weights
+// are computed 16 positions (one block) at a time.
+__attribute__((target("avx512f"))) void chunk_avx512(
+    const KvQuantJob& job,
+    const float* q,
+    const float* qsum,
+    const Layout& lay,
+    int j0,
+    int j1,
+    float* m,
+    float* l,
+    float* acc) {
+  const int n = j1 - j0, D = lay.dim, G = lay.groups, H = job.heads;
+  thread_local std::vector<float> scores, cf, sb, w, bias_acc;
+  // Scores padded to whole blocks (the tail block's extra lanes unused).
+  const int padded = (n + kBlock - 1) / kBlock * kBlock;
+  scores.resize(size_t(H) * padded);
+  cf.assign(size_t(kBlock) * D, 0.0f);
+  sb.resize(size_t(2) * G * kBlock);
+  w.resize(size_t(G) * kBlock);
+  // Per head and group, 16 lanes of sum_j p_j b_jg.
+  bias_acc.assign(size_t(H) * G * kBlock, 0.0f);
+  alignas(64) float raw[kBlock];
+  for (int b = j0; b < j1; b += kBlock) {
+    const int cnt = std::min(kBlock, j1 - b);
+    const uint32_t* rows = job.keys + size_t(b) * lay.row_words;
+    for (int i = 0; i < cnt; i++)
+      codes(rows + size_t(i) * lay.row_words, lay, cf.data() + size_t(i) * D);
+    block_scales(rows, cnt, lay, sb.data());
+    for (int h = 0; h < H; h++) {
+      __m512 dot = _mm512_setzero_ps();
+      for (int g = 0; g < G; g++) {
+        block_dots(q + size_t(h) * D, cf.data(), D, g * lay.group / 16, (g + 1) * lay.group / 16, raw);
+        dot = _mm512_fmadd_ps(_mm512_loadu_ps(sb.data() + size_t(g) * kBlock), _mm512_load_ps(raw), dot);
+        dot = _mm512_fmadd_ps(
+            _mm512_loadu_ps(sb.data() + size_t(G + g) * kBlock), _mm512_set1_ps(qsum[size_t(h) * G + g]), dot);
+      }
+      _mm512_storeu_ps(
+          scores.data() + size_t(h) * padded + (b - j0), _mm512_mul_ps(_mm512_set1_ps(job.scale), dot));
+    }
+  }
+  for (int h = 0; h < H; h++) {
+    float* sc = scores.data() + size_t(h) * padded;
+    std::tie(m[h], l[h]) = softmax_numerators_avx512(sc, n);
+    // Past n: weight 0 (the tail block's lanes past its rows).
+    std::fill(sc + n, sc + padded, 0.0f);
+  }
+  std::fill(acc, acc + size_t(H) * D, 0.0f);
+  for (int b = j0; b < j1; b += kBlock) {
+    const int cnt = std::min(kBlock, j1 - b);
+    const uint32_t* rows = job.values + size_t(b) * lay.row_words;
+    for (int i = 0; i < cnt; i++)
+      codes(rows + size_t(i) * lay.row_words, lay, cf.data() + size_t(i) * D);
+    block_scales(rows, cnt, lay, sb.data());
+    for (int h = 0; h < H; h++) {
+      const __m512 p = _mm512_loadu_ps(scores.data() + size_t(h) * padded + (b - j0));
+      for (int g = 0; g < G; g++) {
+        _mm512_storeu_ps(
+            w.data() + size_t(g) * kBlock, _mm512_mul_ps(p, _mm512_loadu_ps(sb.data() + size_t(g) * kBlock)));
+        float* ba = bias_acc.data() + (size_t(h) * G + g) * kBlock;
+        _mm512_storeu_ps(
+            ba,
+            _mm512_fmadd_ps(p, _mm512_loadu_ps(sb.data() + size_t(G + g) * kBlock), _mm512_loadu_ps(ba)));
+      }
+      block_weighted_sum(w.data(), cf.data(), cnt, lay, acc + size_t(h) * D);
+    }
+  }
+  // The biases' share: every slot of group g gets sum_j p_j b_jg (code
+  // order keeps each group's slots within the group's span).
+  for (int h = 0; h < H; h++)
+    for (int g = 0; g < G; g++) {
+      const float share = _mm512_reduce_add_ps(_mm512_loadu_ps(bias_acc.data() + (size_t(h) * G + g) * kBlock));
+      for (int i = g * lay.group; i < (g + 1) * lay.group; i++)
+        acc[size_t(h) * D + i] += share;
+    }
+}
+#endif
+
+bool use_avx512(int dim) {
+#if defined(__x86_64__)
+  return dim % 32 == 0 && has_avx512();
+#else
+  (void)dim;
+  return false;
+#endif
+}
+
+} // namespace
+
+void kv_quantize_row(const float* x, int dim, int bits, int group, uint32_t* row) {
+  // MLX's affine quantization (`mx::quantize`, CPU): per group, the scale
+  // spans [min, max] over 2^bits - 1 steps; the edge of larger magnitude is
+  // represented exactly (scale re-derived from it); values rounded to
+  // nearest, clamped. Bit-for-bit what `quantize` stores (the host's tests
+  // compare), so every path writes the same rows.
+  const float n_bins = float((1 << bits) - 1);
+  const float eps = 1e-7f;
+  const int per_word = 32 / bits;
+  const int words = dim * bits / 32;
+  const int groups = dim / group;
+  for (int g = 0; g < groups; g++) {
+    const float* w = x + size_t(g) * group;
+    float w_min = INFINITY, w_max = -INFINITY;
+    for (int j = 0; j < group; j++) {
+      w_max = std::max(w_max, w[j]);
+      w_min = std::min(w_min, w[j]);
+    }
+    const bool low_edge = std::abs(w_min) > std::abs(w_max);
+    float scale = std::max((w_max - w_min) / n_bins, eps);
+    scale = low_edge ? scale : -scale;
+    const float edge = low_edge ? w_min : w_max;
+    const float q0 = std::rint(edge / scale);
+    float bias = 0;
+    if (q0 != 0) {
+      scale = edge / q0;
+      bias = edge;
+    }
+    for (int wd = 0; wd < group / per_word; wd++) {
+      uint32_t packed = 0;
+      for (int k = 0; k < per_word; k++) {
+        float q = std::rint((w[wd * per_word + k] - bias) / scale);
+        q = std::min(std::max(q, 0.0f), n_bins);
+        packed |= uint32_t(q) << (k * bits);
+      }
+      row[(g * group) / per_word + wd] = packed;
+    }
+    std::memcpy(row + words + g, &scale, sizeof(float));
+    std::memcpy(row + words + groups + g, &bias, sizeof(float));
+  }
+}
+
+void kv_quant_attention(const KvQuantJob* jobs, int count, int dim, int bits, int group) {
+  if (count <= 0)
+    return;
+  const Layout lay = layout(dim, bits, group);
+  const bool simd = use_avx512(dim);
+  // Chunks: enough for every thread to have several (uneven KV heads and
+  // lengths balance out), none shorter than 256 positions (the merge and
+  // the per-chunk setup stay small next to the work).
+  size_t total = 0;
+  int max_heads = 0;
+  for (int i = 0; i < count; i++) {
+    total += size_t(jobs[i].len);
+    max_heads = std::max(max_heads, jobs[i].heads);
+  }
+  const size_t target = size_t(std::max(8 * threads(), count));
+  int chunk_len = int(std::max<size_t>(256, (total + target - 1) / target));
+  chunk_len = (chunk_len + kBlock - 1) / kBlock * kBlock;
+  struct Task {
+    int job, j0, j1;
+  };
+  std::vector<Task> tasks;
+  std::vector<int> first(count + 1);
+  for (int i = 0; i < count; i++) {
+    first[i] = int(tasks.size());
+    for (int j = 0; j < jobs[i].len; j += chunk_len)
+      tasks.push_back({i, j, std::min(jobs[i].len, j + chunk_len)});
+  }
+  first[count] = int(tasks.size());
+  // The SIMD path's per-job query in code order and its per-group sums.
+  std::vector<float> qcode, qsum;
+  if (simd) {
+    qcode.resize(size_t(count) * max_heads * dim);
+    qsum.assign(size_t(count) * max_heads * lay.groups, 0.0f);
+    for (int i = 0; i < count; i++)
+      for (int h = 0; h < jobs[i].heads; h++) {
+        const float* src = jobs[i].q + size_t(h) * dim;
+        float* dst = qcode.data() + (size_t(i) * max_heads + h) * dim;
+        float* sums = qsum.data() + (size_t(i) * max_heads + h) * lay.groups;
+        for (int s = 0; s < dim; s++) {
+          const int e = element_of_slot(s, bits);
+          dst[s] = src[e];
+          sums[e / group] += src[e];
+        }
+      }
+  }
+  // Per task and head: max, sum, then D accumulators.
+  const size_t stride = size_t(max_heads) * (dim + 2);
+  std::vector<float> parts(tasks.size() * stride);
+  parallel_for(int(tasks.size()), [&](int t) {
+    const Task& tk = tasks[t];
+    const KvQuantJob& job = jobs[tk.job];
+    float* p = parts.data() + size_t(t) * stride;
+    float* m = p;
+    float* l = p + job.heads;
+    float* acc = p + 2 * job.heads;
+#if defined(__x86_64__)
+    if (simd) {
+      const size_t first_head = size_t(tk.job) * max_heads;
+      chunk_avx512(
+          job, qcode.data() + first_head * dim, qsum.data() + first_head * lay.groups, lay, tk.j0, tk.j1, m, l,
+          acc);
+      return;
+    }
+#endif
+    chunk_plain(job, lay, tk.j0, tk.j1, m, l, acc);
+  });
+  // Merge each job's chunks: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c
+  // (then from code order back to element order).
+  std::vector<float> merged(dim);
+  for (int i = 0; i < count; i++) {
+    const KvQuantJob& job = jobs[i];
+    for (int h = 0; h < job.heads; h++) {
+      float best = -INFINITY;
+      for (int t = first[i]; t < first[i + 1]; t++)
+        best = std::max(best, parts[size_t(t) * stride + h]);
+      std::fill(merged.begin(), merged.end(), 0.0f);
+      double denom = 0;
+      for (int t = first[i]; t < first[i + 1]; t++) {
+        const float* p = parts.data() + size_t(t) * stride;
+        const float w = std::exp(p[h] - best);
+        denom += double(w) * p[job.heads + h];
+        const float* a = p + 2 * job.heads + size_t(h) * dim;
+        for (int d = 0; d < dim; d++)
+          merged[d] += w * a[d];
+      }
+      const float inv = float(1.0 / denom);
+      float* o = job.out + size_t(h) * dim;
+      for (int s = 0; s < dim; s++)
+        o[simd ? element_of_slot(s, bits) : s] = merged[s] * inv;
+    }
+  }
+}
+
+} // namespace mlxhost_cpu
+
+// `rows` rows of D floats -> packed rows (kv_quantize_row), for the host's
+// tests that hold it to MLX's `quantize` bit for bit.
+extern "C" void mlxhost_kv_quantize_rows(
+    const float* x,
+    int rows,
+    int dim,
+    int bits,
+    int group,
+    uint32_t* out) {
+  const size_t row_words = size_t(dim) * bits / 32 + 2 * size_t(dim / group);
+  for (int r = 0; r < rows; r++)
+    mlxhost_cpu::kv_quantize_row(x + size_t(r) * dim, dim, bits, group, out + size_t(r) * row_words);
+}
