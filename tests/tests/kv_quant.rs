@@ -32,7 +32,9 @@ const NEAR_TIE: f32 = 0.2;
 /// meet: a key computed by the decode path and the same key computed in a
 /// prefill chunk (or in a batch of another shape) differ in the last float
 /// bits, and now and then that moves an element across a quantization step
-/// (measured up to 0.03 nats at 8 bits, 0.13 at 4 bits).
+/// (measured up to 0.03 nats at 8 bits, 0.13 at 4 bits, each test in its own
+/// process as CI's nextest runs them; under `cargo test`'s threads the batch
+/// composition follows timing and 8 bits have reached 0.21).
 const SAME_SCHEME_TOL: f32 = 0.1;
 
 fn load(name: &str, quant: Option<KvQuant>) -> Fixture {

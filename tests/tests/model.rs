@@ -88,27 +88,40 @@ fn quantized_decode_path_matches_mlx_lm_within_0_05_nats() {
     check_against_reference("quantized", NATIVE_TOL, &["--decode"]);
 }
 
+/// `mlxhost score --dtype quantized --decode` of the reference rows, `batch`
+/// rows per forward, with `extra` flags and `env`.
+fn decode_scores(
+    input: &std::path::Path,
+    batch: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Vec<mlxhost::score::ScoreOutput> {
+    let path = input.to_str().expect("path");
+    let args = [
+        &[
+            "score",
+            "--dtype",
+            "quantized",
+            "--decode",
+            "--input",
+            path,
+            "--batch-size",
+            batch,
+        ][..],
+        extra,
+    ]
+    .concat();
+    parse_score(&mlxhost_ok_env(&args, env))
+}
+
 /// The fused decode op against the same model through MLX ops
 /// (`MLXHOST_DECODE_LAYER=mlx`), rows decoding together and alone.
 #[test]
 fn fused_decode_layer_scores_like_mlx_ops() {
     let input = score_input(&reference_rows());
-    let path = input.path().to_str().expect("path");
-    let args = [
-        "score",
-        "--dtype",
-        "quantized",
-        "--decode",
-        "--input",
-        path,
-        "--batch-size",
-    ];
-    let fused_batched = parse_score(&mlxhost_ok(&[&args[..], &["3"]].concat()));
-    let fused_alone = parse_score(&mlxhost_ok(&[&args[..], &["1"]].concat()));
-    let unfused = parse_score(&mlxhost_ok_env(
-        &[&args[..], &["1"]].concat(),
-        &[("MLXHOST_DECODE_LAYER", "mlx")],
-    ));
+    let fused_batched = decode_scores(input.path(), "3", &[], &[]);
+    let fused_alone = decode_scores(input.path(), "1", &[], &[]);
+    let unfused = decode_scores(input.path(), "1", &[], &[("MLXHOST_DECODE_LAYER", "mlx")]);
     assert_scores_close(&fused_alone, &unfused, 5e-3);
     assert_scores_close(&fused_batched, &fused_alone, 5e-3);
 }
@@ -147,23 +160,12 @@ fn mean(xs: &[f32]) -> f32 {
 #[test]
 fn fused_decode_layer_with_quantized_kv_scores_like_mlx_ops() {
     let input = score_input(&reference_rows());
-    let path = input.path().to_str().expect("path");
-    let base = [
-        "score",
-        "--dtype",
-        "quantized",
-        "--decode",
-        "--input",
-        path,
-        "--batch-size",
-    ];
-    let float = parse_score(&mlxhost_ok(&[&base[..], &["1"]].concat()));
+    let float = decode_scores(input.path(), "1", &[], &[]);
     for bits in ["8", "4"] {
-        let args = [&base[..], &["1", "--kv-bits", bits]].concat();
-        let fused_alone = parse_score(&mlxhost_ok(&args));
-        let batched = [&base[..], &["3", "--kv-bits", bits]].concat();
-        let fused_batched = parse_score(&mlxhost_ok(&batched));
-        let unfused = parse_score(&mlxhost_ok_env(&args, &[("MLXHOST_DECODE_LAYER", "mlx")]));
+        let kv = ["--kv-bits", bits];
+        let fused_alone = decode_scores(input.path(), "1", &kv, &[]);
+        let fused_batched = decode_scores(input.path(), "3", &kv, &[]);
+        let unfused = decode_scores(input.path(), "1", &kv, &[("MLXHOST_DECODE_LAYER", "mlx")]);
         assert_scores_close(&fused_batched, &fused_alone, 1e-4);
         let between = token_logprob_gaps(&fused_alone, &unfused);
         if bits == "8" {

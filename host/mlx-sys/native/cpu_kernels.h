@@ -61,6 +61,21 @@ void kv_quantize_row(const float* x, int dim, int bits, int group, uint32_t* row
 // thread has work (softmax partials merged per job).
 void kv_quant_attention(const KvQuantJob* jobs, int count, int dim, int bits, int group);
 
+// The same over float32 rows: keys and values [len, D] (rows contiguous),
+// for the fused decode layer's float cache; positions split in chunks over
+// the pool as kv_quant_attention does (kv_quant_attention.cpp).
+struct FloatAttentionJob {
+  const float* q;
+  int heads;
+  const float* keys;
+  const float* values;
+  int len;
+  float scale;
+  float* out;
+};
+
+void float_attention(const FloatAttentionJob* jobs, int count, int dim);
+
 // Causal attention of a prefill chunk over one row's KV cache
 // (prefill_attention.cpp): q [1, H, T, D], keys and values [1, H_kv, offset
 // + T, D] float32 (last axis contiguous), out [T, H * D] token-major; query

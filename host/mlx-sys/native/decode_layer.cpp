@@ -62,9 +62,7 @@
 
 namespace mx = mlx::core;
 #if defined(__x86_64__)
-using mlxhost_cpu::exp512;
 using mlxhost_cpu::has_avx512;
-using mlxhost_cpu::hsum16;
 #endif
 
 namespace {
@@ -115,121 +113,6 @@ void rope_table(int pos, const std::vector<float>& inv_freq, float* cs) {
     cs[j] = std::cos(theta);
     cs[half + j] = std::sin(theta);
   }
-}
-
-#if defined(__x86_64__)
-// Attention of `group` query heads (q, consecutive) over one KV head's
-// valid positions [0, len) (K, V: [len, D]), AVX-512, D a multiple of 16:
-// the same math as the portable loop below (softmax(q K^T * scale) V).
-// Each key row is read once for all the group's heads; exponentials are
-// vectorized over positions. `scores`: group * len floats of scratch.
-__attribute__((target("avx512f"))) void attend_avx512(
-    const float* q,
-    int group,
-    const float* K,
-    const float* V,
-    int len,
-    int D,
-    float scale,
-    float* scores,
-    float* out) {
-  const int dv = D / 16;
-  // Scores 16 keys at a time: 16 partial-sum vectors reduced together
-  // (hsum16: ~3 instructions per key instead of a full horizontal sum
-  // each); the 16 key rows stay in L1 while every head of the group reads
-  // them. The last keys (len % 16) one at a time.
-  int j0 = 0;
-  for (; j0 + 16 <= len; j0 += 16) {
-    const float* kb = K + size_t(j0) * D;
-    for (int h = 0; h < group; h++) {
-      const float* qh = q + size_t(h) * D;
-      __m512 acc[16];
-      for (int l = 0; l < 16; l++)
-        acc[l] = _mm512_mul_ps(_mm512_loadu_ps(qh), _mm512_loadu_ps(kb + size_t(l) * D));
-      for (int d = 1; d < dv; d++) {
-        const __m512 qd = _mm512_loadu_ps(qh + 16 * d);
-        for (int l = 0; l < 16; l++)
-          acc[l] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(kb + size_t(l) * D + 16 * d), acc[l]);
-      }
-      _mm512_storeu_ps(
-          scores + size_t(h) * len + j0, _mm512_mul_ps(_mm512_set1_ps(scale), hsum16(acc)));
-    }
-  }
-  for (int j = j0; j < len; j++) {
-    const float* kr = K + size_t(j) * D;
-    for (int h = 0; h < group; h++) {
-      const float* qh = q + size_t(h) * D;
-      __m512 a0 = _mm512_mul_ps(_mm512_loadu_ps(qh), _mm512_loadu_ps(kr));
-      __m512 a1 = _mm512_setzero_ps();
-      for (int d = 1; d < dv; d++) {
-        if (d % 2)
-          a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * d), _mm512_loadu_ps(kr + 16 * d), a1);
-        else
-          a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * d), _mm512_loadu_ps(kr + 16 * d), a0);
-      }
-      scores[size_t(h) * len + j] = scale * _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-    }
-  }
-  for (int h = 0; h < group; h++) {
-    float* sc = scores + size_t(h) * len;
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    int j = 0;
-    for (; j + 16 <= len; j += 16)
-      mx = _mm512_max_ps(mx, _mm512_loadu_ps(sc + j));
-    float best = _mm512_reduce_max_ps(mx);
-    for (; j < len; j++)
-      best = std::max(best, sc[j]);
-    const __m512 bv = _mm512_set1_ps(best);
-    __m512 tv = _mm512_setzero_ps();
-    for (j = 0; j + 16 <= len; j += 16) {
-      const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(sc + j), bv));
-      _mm512_storeu_ps(sc + j, e);
-      tv = _mm512_add_ps(tv, e);
-    }
-    if (j < len) {
-      const __mmask16 m = __mmask16((1u << (len - j)) - 1);
-      const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + j), bv));
-      _mm512_mask_storeu_ps(sc + j, m, e);
-      tv = _mm512_add_ps(tv, _mm512_maskz_mov_ps(m, e));
-    }
-    const float inv = 1.0f / _mm512_reduce_add_ps(tv);
-    for (j = 0; j < len; j++)
-      sc[j] *= inv;
-  }
-  // Values: out[h] = sum_j p[h, j] V[j], D / 16 accumulators per head.
-  for (int h = 0; h < group; h++) {
-    const float* sc = scores + size_t(h) * len;
-    float* o = out + size_t(h) * D;
-    for (int d0 = 0; d0 < dv; d0 += 4) {
-      const int w = std::min(4, dv - d0);
-      __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                       _mm512_setzero_ps()};
-      for (int j = 0; j < len; j++) {
-        const __m512 p = _mm512_set1_ps(sc[j]);
-        const float* vr = V + size_t(j) * D + 16 * d0;
-        for (int u = 0; u < w; u++)
-          acc[u] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * u), acc[u]);
-      }
-      for (int u = 0; u < w; u++)
-        _mm512_storeu_ps(o + 16 * (d0 + u), acc[u]);
-    }
-  }
-}
-
-#endif
-
-inline float dot(const float* a, const float* b, int n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; k++)
-      acc[k] += a[i + k] * b[i + k];
-  float s = 0;
-  for (; i < n; i++)
-    s += a[i] * b[i];
-  for (int k = 0; k < 8; k++)
-    s += acc[k];
-  return s;
 }
 
 // y [M, N] = x [M, K] @ W^T for product `l` (weights at inputs first..first+2).
@@ -480,12 +363,14 @@ void run(
     for (int j = 0; j < qkv_n; j++)
       qkv[size_t(r) * qkv_n + j] += qkv_bias[j];
 
-  // RoPE, the cache write and attention, one task per (row, KV head).
-  // Quantized caches: the task writes the packed rows and leaves a job;
-  // the jobs then run together, split by position over the pool.
+  // RoPE and the cache write, one task per (row, KV head), each leaving an
+  // attention job; the jobs then run together, every row's positions split
+  // in chunks over the pool (kv_quant_attention.cpp), so a row with fewer
+  // KV heads than threads still uses them all.
   const bool quant_kv = sh.kv_bits != 0;
   const size_t row_words = quant_kv ? size_t(D) * sh.kv_bits / 32 + 2 * size_t(D / sh.kv_group) : 0;
   std::vector<mlxhost_cpu::KvQuantJob> jobs(quant_kv ? size_t(R) * Hkv : 0);
+  std::vector<mlxhost_cpu::FloatAttentionJob> float_jobs(quant_kv ? 0 : size_t(R) * Hkv);
   mlxhost_cpu::parallel_for(R * Hkv, [&](int task) {
     const int r = task / Hkv, g = task % Hkv;
     const int pos = positions[r];
@@ -515,48 +400,14 @@ void run(
     float* V = vc.data<float>() + size_t(g) * cap * D;
     std::copy(k + size_t(g) * D, k + size_t(g + 1) * D, K + size_t(pos) * D);
     std::copy(v + size_t(g) * D, v + size_t(g + 1) * D, V + size_t(pos) * D);
-#if defined(__x86_64__)
-    if (D % 16 == 0 && has_avx512()) {
-      std::vector<float> scores(size_t(group) * (pos + 1));
-      attend_avx512(
-          q + size_t(g) * group * D,
-          group,
-          K,
-          V,
-          pos + 1,
-          D,
-          scale,
-          scores.data(),
-          attn.data() + (size_t(r) * H + size_t(g) * group) * D);
-      return;
-    }
-#endif
-    std::vector<float> scores(pos + 1), acc(D);
-    for (int hq = g * group; hq < (g + 1) * group; hq++) {
-      const float* qh = q + size_t(hq) * D;
-      float best = -INFINITY;
-      for (int j = 0; j <= pos; j++) {
-        scores[j] = scale * dot(qh, K + size_t(j) * D, D);
-        best = std::max(best, scores[j]);
-      }
-      float total = 0;
-      for (int j = 0; j <= pos; j++) {
-        scores[j] = std::exp(scores[j] - best);
-        total += scores[j];
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int j = 0; j <= pos; j++) {
-        const float p = scores[j] / total;
-        const float* vr = V + size_t(j) * D;
-        for (int d = 0; d < D; d++)
-          acc[d] += p * vr[d];
-      }
-      std::copy(acc.begin(), acc.end(), attn.data() + (size_t(r) * H + hq) * D);
-    }
+    float_jobs[task] = {q + size_t(g) * group * D, group, K, V, pos + 1, scale,
+                        attn.data() + (size_t(r) * H + size_t(g) * group) * D};
   });
 
   if (quant_kv)
     mlxhost_cpu::kv_quant_attention(jobs.data(), int(jobs.size()), D, sh.kv_bits, sh.kv_group);
+  else
+    mlxhost_cpu::float_attention(float_jobs.data(), int(float_jobs.size()), D);
 
   product(in, 6, attn.data(), proj.data(), R, sh, 1, E, H * D);
   lora_add(in, lora[1], attn.data(), proj.data(), R, E, H * D, lora_rows);

@@ -11,9 +11,11 @@
 // Why a kernel of its own: at long contexts decode attention is bound by
 // the bytes it reads, and a quantized row is 3.6x (8 bits) to 6.4x (4 bits)
 // smaller than a float32 one. That becomes speed only if dequantizing costs
-// less than the bytes saved, so rows are dequantized 16 lanes at a time, 16
+// less than the bytes saved, so rows are unpacked 16 lanes at a time, 16
 // positions at once into an L1 scratch that every query head of the KV
-// head then reads, and the positions are split over the pool in chunks
+// head then reads, each group's scale and bias is applied once per dot
+// product and weight (not per element), and the positions are split over
+// the pool in chunks
 // (each chunk's softmax max and sum kept, the chunks merged at the end, as
 // in flash-decoding), so a single row with two or three KV heads still
 // keeps every thread busy.
@@ -203,42 +205,21 @@ __attribute__((target("avx512f"))) void block_weighted_sum(
   }
 }
 
-// The block's scales and biases, group-major: sb[g * kBlock + i] (scales)
-// and sb[(G + g) * kBlock + i] (biases) for its cnt rows, 0 past them.
-void block_scales(const uint32_t* rows, int cnt, const Layout& lay, float* sb) {
+// Loads the block of cnt rows at `rows`: their codes into cf ([kBlock, D],
+// code order) and their scales and biases, group-major, into sb:
+// sb[g * kBlock + i] (scales) and sb[(G + g) * kBlock + i] (biases), 0
+// past cnt.
+void load_block(const uint32_t* rows, int cnt, const Layout& lay, float* cf, float* sb) {
   const int G = lay.groups;
   std::fill(sb, sb + size_t(2) * G * kBlock, 0.0f);
   for (int i = 0; i < cnt; i++) {
     const uint32_t* row = rows + size_t(i) * lay.row_words;
+    codes(row, lay, cf + size_t(i) * lay.dim);
     for (int g = 0; g < G; g++) {
       sb[size_t(g) * kBlock + i] = scale_of(row, lay, g);
       sb[size_t(G + g) * kBlock + i] = bias_of(row, lay, g);
     }
   }
-}
-
-// softmax_numerators, 16 lanes at a time (scores here are finite).
-__attribute__((target("avx512f"))) std::pair<float, float> softmax_numerators_avx512(float* s, int n) {
-  __m512 mx = _mm512_set1_ps(-INFINITY);
-  int j = 0;
-  for (; j + 16 <= n; j += 16)
-    mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
-  const __mmask16 tail = __mmask16((1u << (n - j)) - 1);
-  mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail, s + j));
-  const float best = _mm512_reduce_max_ps(mx);
-  const __m512 bv = _mm512_set1_ps(best);
-  __m512 total = _mm512_setzero_ps();
-  for (j = 0; j + 16 <= n; j += 16) {
-    const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), bv));
-    _mm512_storeu_ps(s + j, e);
-    total = _mm512_add_ps(total, e);
-  }
-  if (j < n) {
-    const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + j), bv));
-    _mm512_mask_storeu_ps(s + j, tail, e);
-    total = _mm512_add_ps(total, _mm512_maskz_mov_ps(tail, e));
-  }
-  return {best, _mm512_reduce_add_ps(total)};
 }
 
 // As chunk_plain, from `q` in code order and `qsum[h * groups + g]` (the
@@ -267,10 +248,7 @@ __attribute__((target("avx512f"))) void chunk_avx512(
   alignas(64) float raw[kBlock];
   for (int b = j0; b < j1; b += kBlock) {
     const int cnt = std::min(kBlock, j1 - b);
-    const uint32_t* rows = job.keys + size_t(b) * lay.row_words;
-    for (int i = 0; i < cnt; i++)
-      codes(rows + size_t(i) * lay.row_words, lay, cf.data() + size_t(i) * D);
-    block_scales(rows, cnt, lay, sb.data());
+    load_block(job.keys + size_t(b) * lay.row_words, cnt, lay, cf.data(), sb.data());
     for (int h = 0; h < H; h++) {
       __m512 dot = _mm512_setzero_ps();
       for (int g = 0; g < G; g++) {
@@ -292,10 +270,7 @@ __attribute__((target("avx512f"))) void chunk_avx512(
   std::fill(acc, acc + size_t(H) * D, 0.0f);
   for (int b = j0; b < j1; b += kBlock) {
     const int cnt = std::min(kBlock, j1 - b);
-    const uint32_t* rows = job.values + size_t(b) * lay.row_words;
-    for (int i = 0; i < cnt; i++)
-      codes(rows + size_t(i) * lay.row_words, lay, cf.data() + size_t(i) * D);
-    block_scales(rows, cnt, lay, sb.data());
+    load_block(job.values + size_t(b) * lay.row_words, cnt, lay, cf.data(), sb.data());
     for (int h = 0; h < H; h++) {
       const __m512 p = _mm512_loadu_ps(scores.data() + size_t(h) * padded + (b - j0));
       for (int g = 0; g < G; g++) {
@@ -373,11 +348,15 @@ void kv_quantize_row(const float* x, int dim, int bits, int group, uint32_t* row
   }
 }
 
-void kv_quant_attention(const KvQuantJob* jobs, int count, int dim, int bits, int group) {
-  if (count <= 0)
-    return;
-  const Layout lay = layout(dim, bits, group);
-  const bool simd = use_avx512(dim);
+namespace {
+
+// Splits every job's positions [0, len) into chunks over the pool, runs
+// chunk(job index, j0, j1, m, l, acc) for each (per head: the chunk's max
+// score, sum of e^(s - max), and acc = sum e^(s - max) V in slot order),
+// then merges each job's chunks per head (out = sum_c e^(m_c - M) acc_c /
+// sum_c e^(m_c - M) l_c) and writes slot s to out[element_of(s)].
+template <typename Job, typename Chunk, typename Element>
+void run_chunked(const Job* jobs, int count, int dim, const Chunk& chunk, const Element& element_of) {
   // Chunks: enough for every thread to have several (uneven KV heads and
   // lengths balance out), none shorter than 256 positions (the merge and
   // the per-chunk setup stay small next to the work).
@@ -401,49 +380,18 @@ void kv_quant_attention(const KvQuantJob* jobs, int count, int dim, int bits, in
       tasks.push_back({i, j, std::min(jobs[i].len, j + chunk_len)});
   }
   first[count] = int(tasks.size());
-  // The SIMD path's per-job query in code order and its per-group sums.
-  std::vector<float> qcode, qsum;
-  if (simd) {
-    qcode.resize(size_t(count) * max_heads * dim);
-    qsum.assign(size_t(count) * max_heads * lay.groups, 0.0f);
-    for (int i = 0; i < count; i++)
-      for (int h = 0; h < jobs[i].heads; h++) {
-        const float* src = jobs[i].q + size_t(h) * dim;
-        float* dst = qcode.data() + (size_t(i) * max_heads + h) * dim;
-        float* sums = qsum.data() + (size_t(i) * max_heads + h) * lay.groups;
-        for (int s = 0; s < dim; s++) {
-          const int e = element_of_slot(s, bits);
-          dst[s] = src[e];
-          sums[e / group] += src[e];
-        }
-      }
-  }
   // Per task and head: max, sum, then D accumulators.
   const size_t stride = size_t(max_heads) * (dim + 2);
   std::vector<float> parts(tasks.size() * stride);
   parallel_for(int(tasks.size()), [&](int t) {
     const Task& tk = tasks[t];
-    const KvQuantJob& job = jobs[tk.job];
+    const int heads = jobs[tk.job].heads;
     float* p = parts.data() + size_t(t) * stride;
-    float* m = p;
-    float* l = p + job.heads;
-    float* acc = p + 2 * job.heads;
-#if defined(__x86_64__)
-    if (simd) {
-      const size_t first_head = size_t(tk.job) * max_heads;
-      chunk_avx512(
-          job, qcode.data() + first_head * dim, qsum.data() + first_head * lay.groups, lay, tk.j0, tk.j1, m, l,
-          acc);
-      return;
-    }
-#endif
-    chunk_plain(job, lay, tk.j0, tk.j1, m, l, acc);
+    chunk(tk.job, tk.j0, tk.j1, p, p + heads, p + 2 * heads);
   });
-  // Merge each job's chunks: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c
-  // (then from code order back to element order).
   std::vector<float> merged(dim);
   for (int i = 0; i < count; i++) {
-    const KvQuantJob& job = jobs[i];
+    const Job& job = jobs[i];
     for (int h = 0; h < job.heads; h++) {
       float best = -INFINITY;
       for (int t = first[i]; t < first[i + 1]; t++)
@@ -461,9 +409,157 @@ void kv_quant_attention(const KvQuantJob* jobs, int count, int dim, int bits, in
       const float inv = float(1.0 / denom);
       float* o = job.out + size_t(h) * dim;
       for (int s = 0; s < dim; s++)
-        o[simd ? element_of_slot(s, bits) : s] = merged[s] * inv;
+        o[element_of(s)] = merged[s] * inv;
     }
   }
+}
+
+// ---- Float32 rows (the fused layer's float cache): the same chunking.
+
+// As chunk_plain over float rows [len, D].
+void float_chunk_plain(const FloatAttentionJob& job, int dim, int j0, int j1, float* m, float* l, float* acc) {
+  const int n = j1 - j0;
+  thread_local std::vector<float> scores;
+  scores.resize(size_t(job.heads) * n);
+  for (int h = 0; h < job.heads; h++) {
+    const float* qh = job.q + size_t(h) * dim;
+    float* sc = scores.data() + size_t(h) * n;
+    for (int j = j0; j < j1; j++) {
+      const float* kr = job.keys + size_t(j) * dim;
+      float dot = 0;
+      for (int d = 0; d < dim; d++)
+        dot += qh[d] * kr[d];
+      sc[j - j0] = job.scale * dot;
+    }
+    std::tie(m[h], l[h]) = softmax_numerators(sc, n);
+    float* a = acc + size_t(h) * dim;
+    std::fill(a, a + dim, 0.0f);
+    for (int j = j0; j < j1; j++) {
+      const float p = sc[j - j0];
+      const float* vr = job.values + size_t(j) * dim;
+      for (int d = 0; d < dim; d++)
+        a[d] += p * vr[d];
+    }
+  }
+}
+
+#if defined(__x86_64__)
+// As float_chunk_plain, 16 lanes (D a multiple of 16): each block of 16 key
+// rows read once for every head of the group and reduced together
+// (hsum16); values accumulated four vectors at a time in registers.
+__attribute__((target("avx512f"))) void float_chunk_avx512(
+    const FloatAttentionJob& job,
+    int dim,
+    int j0,
+    int j1,
+    float* m,
+    float* l,
+    float* acc) {
+  const int n = j1 - j0, dv = dim / 16;
+  thread_local std::vector<float> scores;
+  scores.resize(size_t(job.heads) * n);
+  int b = j0;
+  for (; b + kBlock <= j1; b += kBlock)
+    for (int h = 0; h < job.heads; h++)
+      block_dots(job.q + size_t(h) * dim, job.keys + size_t(b) * dim, dim, 0, dv, scores.data() + size_t(h) * n + (b - j0));
+  for (int j = b; j < j1; j++) {
+    const float* kr = job.keys + size_t(j) * dim;
+    for (int h = 0; h < job.heads; h++) {
+      const float* qh = job.q + size_t(h) * dim;
+      __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qh), _mm512_loadu_ps(kr));
+      for (int d = 1; d < dv; d++)
+        a = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * d), _mm512_loadu_ps(kr + 16 * d), a);
+      scores[size_t(h) * n + (j - j0)] = _mm512_reduce_add_ps(a);
+    }
+  }
+  for (int h = 0; h < job.heads; h++) {
+    float* sc = scores.data() + size_t(h) * n;
+    for (int i = 0; i < n; i++)
+      sc[i] *= job.scale;
+    std::tie(m[h], l[h]) = softmax_numerators_avx512(sc, n);
+    float* a = acc + size_t(h) * dim;
+    for (int d0 = 0; d0 < dv; d0 += 4) {
+      const int width = std::min(4, dv - d0);
+      __m512 r[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+      for (int j = j0; j < j1; j++) {
+        const __m512 p = _mm512_set1_ps(sc[j - j0]);
+        const float* vr = job.values + size_t(j) * dim + 16 * d0;
+        for (int u = 0; u < width; u++)
+          r[u] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * u), r[u]);
+      }
+      for (int u = 0; u < width; u++)
+        _mm512_storeu_ps(a + 16 * (d0 + u), r[u]);
+    }
+  }
+}
+#endif
+
+} // namespace
+
+void kv_quant_attention(const KvQuantJob* jobs, int count, int dim, int bits, int group) {
+  if (count <= 0)
+    return;
+  const Layout lay = layout(dim, bits, group);
+  const bool simd = use_avx512(dim);
+  int max_heads = 0;
+  for (int i = 0; i < count; i++)
+    max_heads = std::max(max_heads, jobs[i].heads);
+  // The SIMD path's per-job query in code order and its per-group sums.
+  std::vector<float> qcode, qsum;
+  if (simd) {
+    qcode.resize(size_t(count) * max_heads * dim);
+    qsum.assign(size_t(count) * max_heads * lay.groups, 0.0f);
+    for (int i = 0; i < count; i++)
+      for (int h = 0; h < jobs[i].heads; h++) {
+        const float* src = jobs[i].q + size_t(h) * dim;
+        float* dst = qcode.data() + (size_t(i) * max_heads + h) * dim;
+        float* sums = qsum.data() + (size_t(i) * max_heads + h) * lay.groups;
+        for (int s = 0; s < dim; s++) {
+          const int e = element_of_slot(s, bits);
+          dst[s] = src[e];
+          sums[e / group] += src[e];
+        }
+      }
+  }
+  run_chunked(
+      jobs,
+      count,
+      dim,
+      [&](int i, int j0, int j1, float* m, float* l, float* acc) {
+#if defined(__x86_64__)
+        if (simd) {
+          const size_t first_head = size_t(i) * max_heads;
+          chunk_avx512(
+              jobs[i], qcode.data() + first_head * dim, qsum.data() + first_head * lay.groups, lay, j0, j1, m,
+              l, acc);
+          return;
+        }
+#endif
+        chunk_plain(jobs[i], lay, j0, j1, m, l, acc);
+      },
+      [&](int s) { return simd ? element_of_slot(s, bits) : s; });
+}
+
+void float_attention(const FloatAttentionJob* jobs, int count, int dim) {
+  if (count <= 0)
+    return;
+#if defined(__x86_64__)
+  const bool simd = dim % 16 == 0 && has_avx512();
+#endif
+  run_chunked(
+      jobs,
+      count,
+      dim,
+      [&](int i, int j0, int j1, float* m, float* l, float* acc) {
+#if defined(__x86_64__)
+        if (simd) {
+          float_chunk_avx512(jobs[i], dim, j0, j1, m, l, acc);
+          return;
+        }
+#endif
+        float_chunk_plain(jobs[i], dim, j0, j1, m, l, acc);
+      },
+      [](int s) { return s; });
 }
 
 } // namespace mlxhost_cpu

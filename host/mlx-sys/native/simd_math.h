@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -70,6 +71,32 @@ __attribute__((target("avx512f"))) inline __m512 hsum16(const __m512* v) {
   return _mm512_add_ps(
       _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(2, 0, 2, 0)),
       _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// s[j] = e^(s[j] - max) for j < n (n >= 1, every s finite), 16 lanes at
+// a time; returns (max, sum of the numerators): a softmax's numerators and
+// denominator (decode_layer.cpp, kv_quant_attention.cpp).
+__attribute__((target("avx512f"))) inline std::pair<float, float> softmax_numerators_avx512(float* s, int n) {
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  int j = 0;
+  for (; j + 16 <= n; j += 16)
+    mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
+  const __mmask16 tail = __mmask16((1u << (n - j)) - 1);
+  mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail, s + j));
+  const float best = _mm512_reduce_max_ps(mx);
+  const __m512 bv = _mm512_set1_ps(best);
+  __m512 total = _mm512_setzero_ps();
+  for (j = 0; j + 16 <= n; j += 16) {
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), bv));
+    _mm512_storeu_ps(s + j, e);
+    total = _mm512_add_ps(total, e);
+  }
+  if (j < n) {
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + j), bv));
+    _mm512_mask_storeu_ps(s + j, tail, e);
+    total = _mm512_add_ps(total, _mm512_maskz_mov_ps(tail, e));
+  }
+  return {best, _mm512_reduce_add_ps(total)};
 }
 
 inline bool has_avx512() {
