@@ -111,7 +111,7 @@ fn main() {
         .file(native.join("amx_matmul.cpp"))
         .file(native.join("swiglu.cpp"))
         .file(native.join("decode_layer.cpp"))
-        .file(native.join("kv_quant_attention.cpp"))
+        .file(native.join("chunked_attention.cpp"))
         .file(native.join("logsumexp.cpp"))
         .file(native.join("top_p.cpp"))
         .file(native.join("categorical.cpp"))

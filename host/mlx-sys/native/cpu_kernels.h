@@ -39,7 +39,7 @@ void parallel_for_range(int n, int min, const std::function<void(int, int)>& bod
 void swiglu(const float* gu, int R, int inter, float* act);
 
 // One query row's attention over one KV head's quantized cache rows
-// (kv_quant_attention.cpp; layout there): `heads` query heads (q: [heads,
+// (chunked_attention.cpp; layout there): `heads` query heads (q: [heads,
 // D] float32, consecutive), positions [0, len) of `keys` and `values`
 // (each position one row of D * bits / 32 + 2 * D / group uint32 words),
 // weights softmax(scale q k^T); writes out [heads, D].
@@ -63,7 +63,7 @@ void kv_quant_attention(const KvQuantJob* jobs, int count, int dim, int bits, in
 
 // The same over float32 rows: keys and values [len, D] (rows contiguous),
 // for the fused decode layer's float cache; positions split in chunks over
-// the pool as kv_quant_attention does (kv_quant_attention.cpp).
+// the pool as kv_quant_attention does (chunked_attention.cpp).
 struct FloatAttentionJob {
   const float* q;
   int heads;

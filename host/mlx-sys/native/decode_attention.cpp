@@ -252,7 +252,7 @@ extern "C" int mlxhost_decode_attention(
 
 // ---------------------------------------------------------------------------
 // The same op over quantized caches (`--kv-bits`, the host's `cache::quant`;
-// the row layout and the attention kernel: kv_quant_attention.cpp). The
+// the row layout and the attention kernel: chunked_attention.cpp). The
 // row's new key and value arrive already packed (MLX's `quantize`, so every
 // path stores the same numbers); the op copies them in at `pos`, in place,
 // and attends over the packed rows: no dequantized copy of the cache.

@@ -77,7 +77,7 @@ struct Shape {
   // layout's scales are float16.
   bool packed[4], f16[4];
   // The KV cache's scheme: 0 = float32 rows of D; else `kv_bits` (4 or 8)
-  // quantized rows of `kv_group` (kv_quant_attention.cpp).
+  // quantized rows of `kv_group` (chunked_attention.cpp).
   int kv_bits, kv_group;
 };
 
@@ -365,7 +365,7 @@ void run(
 
   // RoPE and the cache write, one task per (row, KV head), each leaving an
   // attention job; the jobs then run together, every row's positions split
-  // in chunks over the pool (kv_quant_attention.cpp), so a row with fewer
+  // in chunks over the pool (chunked_attention.cpp), so a row with fewer
   // KV heads than threads still uses them all.
   const bool quant_kv = sh.kv_bits != 0;
   const size_t row_words = quant_kv ? size_t(D) * sh.kv_bits / 32 + 2 * size_t(D / sh.kv_group) : 0;

@@ -75,7 +75,7 @@ __attribute__((target("avx512f"))) inline __m512 hsum16(const __m512* v) {
 
 // s[j] = e^(s[j] - max) for j < n (n >= 1, every s finite), 16 lanes at
 // a time; returns (max, sum of the numerators): a softmax's numerators and
-// denominator (decode_layer.cpp, kv_quant_attention.cpp).
+// denominator (decode_layer.cpp, chunked_attention.cpp).
 __attribute__((target("avx512f"))) inline std::pair<float, float> softmax_numerators_avx512(float* s, int n) {
   __m512 mx = _mm512_set1_ps(-INFINITY);
   int j = 0;

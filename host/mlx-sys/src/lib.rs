@@ -57,7 +57,7 @@ extern "C" {
     /// Quantizes `rows` rows of `dim` float32 at `x` into packed KV rows
     /// at `out` (`rows * (dim * bits / 32 + 2 * dim / group)` words; the
     /// layout of the host's `cache::quant`), as the fused decode op writes
-    /// them (`native/kv_quant_attention.cpp`): the host's tests hold it to
+    /// them (`native/chunked_attention.cpp`): the host's tests hold it to
     /// MLX's `quantize` bit for bit. `bits` 4 or 8, `group` 32, 64 or 128
     /// dividing `dim`.
     pub fn mlxhost_kv_quantize_rows(
@@ -237,7 +237,7 @@ extern "C" {
     /// (product, adapter) in that order; `lora_rows[r]` row r's adapter
     /// (-1: none). `kv_bits`/`kv_group`: the caches' scheme (0: float32
     /// `[1, H_kv, cap, D]`; 4 or 8: packed uint32 rows of
-    /// `native/kv_quant_attention.cpp`). Returns 0, or 1 after reporting
+    /// `native/chunked_attention.cpp`). Returns 0, or 1 after reporting
     /// through mlx-c's error handler.
     pub fn mlxhost_decode_layer(
         h_out: *mut mlx_array,

@@ -229,7 +229,7 @@ mod tests {
             .item_exact::<f32>()
     }
 
-    /// The fused decode op's own quantizer (`kv_quant_attention.cpp`)
+    /// The fused decode op's own quantizer (`chunked_attention.cpp`)
     /// writes exactly the rows MLX's `quantize` does ([`KvQuant::pack`]),
     /// so a row's cache holds the same numbers whichever path wrote it:
     /// random rows, a constant one (its scale at the floor) and rows

@@ -1,24 +1,26 @@
-// Decode attention over quantized KV caches (`--kv-bits`), shared by the
-// fused decode layer (decode_layer.cpp) and the per-layer decode op
-// (decode_attention.cpp); declared in cpu_kernels.h.
+// Decode attention for mlxhost's CPU ops, every row's positions split in
+// chunks over the kernel pool (each chunk's softmax max and sum kept, the
+// chunks merged at the end, as in flash-decoding), so a row with fewer KV
+// heads than threads (batch 1: SmolLM2 has 3, Qwen2.5-0.5B 2) still keeps
+// every thread busy: over float32 caches (`float_attention`, the fused
+// decode layer, decode_layer.cpp) and over quantized ones
+// (`kv_quant_attention`, `--kv-bits`: the fused layer and the per-layer
+// decode op, decode_attention.cpp), with the row quantizer the fused layer
+// writes new keys and values with. Declared in cpu_kernels.h.
 //
-// Row layout (the host's `cache::quant`): one position's keys (or values)
-// of one KV head are P uint32 words: D * bits / 32 words of packed values
-// (MLX's affine layout: element i of a word at bits * i from the low end),
-// then D / group float32 scales, then as many float32 biases, as bit
-// patterns; element = scale * q + bias.
+// Quantized row layout (the host's `cache::quant`): one position's keys
+// (or values) of one KV head are P uint32 words: D * bits / 32 words of
+// packed values (MLX's affine layout: element i of a word at bits * i from
+// the low end), then D / group float32 scales, then as many float32 biases,
+// as bit patterns; element = scale * q + bias.
 //
-// Why a kernel of its own: at long contexts decode attention is bound by
-// the bytes it reads, and a quantized row is 3.6x (8 bits) to 6.4x (4 bits)
-// smaller than a float32 one. That becomes speed only if dequantizing costs
-// less than the bytes saved, so rows are unpacked 16 lanes at a time, 16
-// positions at once into an L1 scratch that every query head of the KV
-// head then reads, each group's scale and bias is applied once per dot
-// product and weight (not per element), and the positions are split over
-// the pool in chunks
-// (each chunk's softmax max and sum kept, the chunks merged at the end, as
-// in flash-decoding), so a single row with two or three KV heads still
-// keeps every thread busy.
+// Why a quantized kernel of its own: at long contexts decode attention is
+// bound by the bytes it reads, and a quantized row is 3.6x (8 bits) to 6.4x
+// (4 bits) smaller than a float32 one. That becomes speed only if
+// dequantizing costs less than the bytes saved, so rows are unpacked 16
+// lanes at a time, 16 positions at once into an L1 scratch that every
+// query head of the KV head then reads, and each group's scale and bias is
+// applied once per dot product and weight, not per element.
 
 #include <algorithm>
 #include <cmath>
@@ -414,7 +416,7 @@ void run_chunked(const Job* jobs, int count, int dim, const Chunk& chunk, const 
   }
 }
 
-// ---- Float32 rows (the fused layer's float cache): the same chunking.
+// ---- Float32 rows (the fused layer's float cache).
 
 // As chunk_plain over float rows [len, D].
 void float_chunk_plain(const FloatAttentionJob& job, int dim, int j0, int j1, float* m, float* l, float* acc) {
