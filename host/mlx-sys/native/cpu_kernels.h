@@ -38,42 +38,33 @@ void parallel_for_range(int n, int min, const std::function<void(int, int)>& bod
 // split over the pool; 16 lanes at a time with AVX-512 (swiglu.cpp).
 void swiglu(const float* gu, int R, int inter, float* act);
 
-// One query row's attention over one KV head's quantized cache rows
-// (chunked_attention.cpp; layout there): `heads` query heads (q: [heads,
-// D] float32, consecutive), positions [0, len) of `keys` and `values`
-// (each position one row of D * bits / 32 + 2 * D / group uint32 words),
-// weights softmax(scale q k^T); writes out [heads, D].
-struct KvQuantJob {
+// One query row's attention over one KV head's cache rows
+// (chunked_attention.cpp): `heads` query heads (q: [heads, D] float32,
+// consecutive), positions [0, len) of `keys` and `values`, weights
+// softmax(scale q k^T); writes out [heads, D]. A position's row: D float32
+// (`Row` float) or one quantized row of D * bits / 32 + 2 * D / group words
+// (`Row` uint32_t; layout in chunked_attention.cpp).
+template <typename Row>
+struct AttentionJob {
   const float* q;
   int heads;
-  const uint32_t* keys;
-  const uint32_t* values;
+  const Row* keys;
+  const Row* values;
   int len;
   float scale;
   float* out;
 };
+using KvQuantJob = AttentionJob<uint32_t>;
+using FloatAttentionJob = AttentionJob<float>;
 
 // Writes D floats of `x` as one quantized row (MLX's affine `quantize`,
 // bit for bit) at `row`. bits 4 or 8; group 32, 64 or 128 dividing D.
 void kv_quantize_row(const float* x, int dim, int bits, int group, uint32_t* row);
 
 // Runs `count` jobs on the pool, their positions split in chunks so every
-// thread has work (softmax partials merged per job).
+// thread has work (softmax partials merged per job): over quantized rows,
+// and over float32 rows (the fused decode layer's float cache).
 void kv_quant_attention(const KvQuantJob* jobs, int count, int dim, int bits, int group);
-
-// The same over float32 rows: keys and values [len, D] (rows contiguous),
-// for the fused decode layer's float cache; positions split in chunks over
-// the pool as kv_quant_attention does (chunked_attention.cpp).
-struct FloatAttentionJob {
-  const float* q;
-  int heads;
-  const float* keys;
-  const float* values;
-  int len;
-  float scale;
-  float* out;
-};
-
 void float_attention(const FloatAttentionJob* jobs, int count, int dim);
 
 // Causal attention of a prefill chunk over one row's KV cache
