@@ -16,7 +16,6 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::Duration;
 
 use mlx_rs::Array;
@@ -24,15 +23,12 @@ use mlxhost::cache::{PrefixCache, PromptCache};
 use mlxhost::engine::scheduler::{ChainSource, Pending, Scheduler, SchedulerConfig};
 use mlxhost::engine::GenerateRequest;
 use mlxhost::model::lora::LoraSet;
-use mlxhost::model::LoadedModel;
-use mlxhost::plugin::{PluginHost, PluginLimits, VocabView};
 use mlxhost::score::ScoreOutput;
 use mlxhost_e2e::requests::greedy_request;
-use mlxhost_e2e::sliding_cache::{Record, Sink};
+use mlxhost_e2e::sliding_cache::{Fixture, Record, Sink};
 use mlxhost_e2e::tiny_fixture::{assert_matches, read_scores};
 use mlxhost_e2e::{
     assert_scores_close, mlxhost, mlxhost_ok, mlxhost_ok_env, model_path, parse_score,
-    plugin_folder_with,
 };
 
 /// Our float32 path against mlx-lm's float32 scores (the fixtures'
@@ -309,25 +305,11 @@ fn adapters_that_do_not_fit_name_the_tensor() {
 
 // ---- through the engine's scheduler -------------------------------------
 
-struct Fixture {
-    model: LoadedModel,
-    plugins: Arc<PluginHost>,
-    _dir: tempfile::TempDir,
-}
-
 /// The default model serving `dir`'s adapters, with the `standard` sampler.
 fn engine_fixture(dir: &Path) -> Fixture {
-    let plugin_dir = plugin_folder_with(&["standard"]);
     let mut model = mlxhost::model::load(&model_path(), &Default::default()).expect("model");
     model.lora = LoraSet::open(dir, model.model.lora_targets()).expect("adapters");
-    let plugins =
-        PluginHost::load_dir(plugin_dir.path(), PluginLimits::default()).expect("plugins");
-    plugins.set_vocab(Arc::new(VocabView::new(model.tokenizer.clone())));
-    Fixture {
-        model,
-        plugins: Arc::new(plugins),
-        _dir: plugin_dir,
-    }
+    Fixture::with_standard_sampler(model)
 }
 
 fn request(prompt: &[u32], max_tokens: usize, lora: Option<&str>) -> GenerateRequest {
