@@ -203,6 +203,29 @@ def test_constrained_and_free_rows_share_steps(qwen):
     assert frees == [200, 200, 200]
 
 
+def test_decode_lookahead_gives_the_same_constrained_output(qwen):
+    """With `--decode-lookahead on` (the default with a GPU), a constrained row's forward runs
+    ahead with the batch's and its mask is computed on the next call, once its token is taken:
+    the same greedy replies as without (this CPU's default), and the steps really look ahead."""
+    cases = SCHEMAS[:6]
+    ahead = Server("--model", "qwen2.5-coder-0.5b", "--decode-lookahead", "on")
+    try:
+        def replies(server):
+            with ThreadPoolExecutor(len(cases)) as pool:
+                return list(pool.map(lambda c: chat(server, c["schema"], False, False), cases))
+
+        with_lookahead = replies(ahead)
+        with ahead.http() as http:
+            sizes = http.get("/stats").json()["batch"]["by_batch_size"]
+    finally:
+        ahead.stop()
+    assert sum(b["lookahead_steps"] for b in sizes if b["rows"] >= 2) > 0, sizes
+    assert with_lookahead == replies(qwen)
+    for case, (text, finish) in zip(cases, with_lookahead):
+        assert finish == "stop"
+        validate(text, case["schema"])
+
+
 STRICT_TOOLS = [
     {"type": "function", "function": {"name": "book_table", "strict": True, "parameters": {
         "type": "object", "additionalProperties": False,

@@ -471,11 +471,12 @@ fn prompt_cache_hits_beside_misses_equal_cold_runs() {
 }
 
 /// Decode lookahead (`--decode-lookahead`, on by default with a GPU
-/// backend): when every row's plugins are history-free, each step starts its
-/// successor before its tokens are read. The same rows with it off and on
+/// backend): when every row decodes, each step starts its successor's
+/// forward before its tokens are read. The same rows with it off and on
 /// give the same output, with rows ending at different steps (by length, by
 /// a stop string, cancelled by the client), a row joining mid-batch and a
-/// history-free processor (logit_bias); the lookahead really runs; and the
+/// history-free processor (logit_bias); the lookahead really runs, also
+/// beside rows whose chain reads the history (repetition_penalty); and the
 /// prompt-cache entry a row leaves behind holds exactly its tokens: a
 /// follow-up over prompt + output reuses all of it and gives the cold run's
 /// output.
@@ -563,8 +564,10 @@ fn decode_lookahead_gives_the_same_output_and_cache_entries() {
             "row {i}"
         );
     }
-    // A plugin that reads the history (repetition_penalty) keeps its row,
-    // and so the batch, out of the lookahead.
+    // A plugin that reads the history (repetition_penalty) cannot choose
+    // ahead: its row's forward still runs ahead with the rest and its chain
+    // runs on those logits in the next call, once its token is taken. The
+    // batch stays in the lookahead and every row's output is unchanged.
     let penalized = request(
         &prompt(&f, 2),
         12,
@@ -577,14 +580,26 @@ fn decode_lookahead_gives_the_same_output_and_cache_entries() {
         },
         json.clone(),
     );
-    let (_, stats) = run_with_stats(
-        &f,
-        config(true),
-        &[(penalized, 0, None), (greedy_row(0, 12), 0, None)],
-        None,
+    let pair = [
+        (penalized.clone(), 0, None),
+        (greedy_row(0, 12), 0, None),
+        (penalized, 2, None),
+    ];
+    let (pair_off, _) = run_with_stats(&f, config(false), &pair, None);
+    let (pair_on, stats) = run_with_stats(&f, config(true), &pair, None);
+    let several_running = stats.by_batch_size.iter().filter(|b| b.rows >= 2);
+    assert!(
+        several_running.map(|b| b.lookahead_steps).sum::<u64>() >= 8,
+        "rows with a history-reading chain keep the batch in the lookahead: {:?}",
+        stats.by_batch_size
     );
-    let both_running = stats.by_batch_size.iter().filter(|b| b.rows == 2);
-    assert_eq!(both_running.map(|b| b.lookahead_steps).sum::<u64>(), 0);
+    for (i, (a, b)) in pair_off.iter().zip(&pair_on).enumerate() {
+        assert_same(
+            &format!("penalized batch row {i}"),
+            &b.borrow(),
+            &a.borrow(),
+        );
+    }
     assert_eq!(summary(&on[2].borrow()).finish_reason, FinishReason::Stop);
     assert_eq!(
         summary(&on[4].borrow()).finish_reason,

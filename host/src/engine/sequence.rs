@@ -99,8 +99,9 @@ pub struct Sequence<'s> {
     /// ends first drops it ([`Sequence::settle_cache`]).
     pub(crate) fed_ahead: bool,
     /// Logits the row's last forward produced whose chain a step deferred
-    /// (its plugin bound was used up by other rows): the next step runs the
-    /// chain on them first, feeding nothing for the row.
+    /// (its plugin bound was used up by other rows, or a decode lookahead
+    /// fed the row before its chain could see the token it needs): the
+    /// next step runs the chain on them first, feeding nothing for the row.
     pub(crate) deferred: Option<mlx_rs::Array>,
     /// Steps in a row this row's chain was deferred (the longest-deferred
     /// row runs first in the next step).

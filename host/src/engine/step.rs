@@ -10,16 +10,22 @@
 //! CPU: docs/benchmarks.md, "Run 9".)
 //!
 //! **Decode lookahead** (`--decode-lookahead`): when every running row
-//! decodes and its chain is history-free ([`crate::plugin::TokenChain::history_free`]),
-//! the step also builds and starts the *next* step before reading this one's
-//! tokens: its forward feeds this step's tokens as device arrays
-//! ([`crate::model::CausalLm::forward_device_ids`]), so the host builds
-//! step N+1's graph while the device computes step N (as mlx-lm's generate
-//! loop does). The next call then only reads that step's results (and
-//! starts the one after). A row's cache holds one position beyond `fed`
-//! while its lookahead is in flight ([`Sequence::fed_ahead`]); a row that
-//! finishes meanwhile has it dropped at retirement. Outputs are the same as
-//! without lookahead: the same graph, fed the same tokens.
+//! decodes, the step also builds and starts the *next* step's forward
+//! before reading this one's tokens: it feeds this step's tokens as device
+//! arrays ([`crate::model::CausalLm::forward_device_ids`]), so the host
+//! builds step N+1's graph while the device computes step N (as mlx-lm's
+//! generate loop does). A row whose chain is history-free
+//! ([`crate::plugin::TokenChain::history_free`]) runs its chain on those
+//! logits at once, and the next call only reads its token (and starts the
+//! step after). A row whose chain needs this step's token first (a
+//! grammar's mask, a penalty over the history) keeps the logits as
+//! [`Sequence::deferred`]: the next call runs its chain after the token is
+//! taken, while the device still computes the forward, so a grammar's mask
+//! overlaps the model instead of stopping every row's lookahead. A row's
+//! cache holds one position beyond `fed` while its lookahead is in flight
+//! ([`Sequence::fed_ahead`]); a row that finishes meanwhile has it dropped
+//! at retirement. Outputs are the same as without lookahead: the same
+//! graph, fed the same tokens, each chain called in the same order.
 //!
 //! **Verification** (`engine::speculative`): a row with drafts feeds its
 //! token and the drafts as one chunk; its chain chooses the first position's
@@ -278,7 +284,6 @@ pub(crate) fn run(
         timing.lookahead = start_lookahead(
             model,
             seqs,
-            &members,
             &chosen,
             current.as_ref(),
             &in_flight,
@@ -421,67 +426,91 @@ fn token_outcome(seq: &Sequence<'_>, read: RowRead, vocab: usize) -> RowOutcome 
 }
 
 /// Builds and starts the next step for every row when all of them allow it:
-/// each running row chose a token this call (or reads one in flight, all
-/// from one earlier lookahead), decodes, has a history-free chain and room
-/// for another token. Sets each row's [`Sequence::lookahead`] and
-/// `fed_ahead`, and returns true. Does nothing otherwise (false).
+/// each running row chose a token this call (its forward ran now, or its
+/// chain ran on deferred logits) or reads one in flight from an earlier
+/// lookahead, decodes, and has room for another token. The forward feeds
+/// those tokens as device arrays. A row with a history-free chain also runs
+/// its chain now ([`Sequence::lookahead`]); any other row (a grammar, a
+/// penalty over the history) keeps the forward's logits as
+/// [`Sequence::deferred`], and the next call runs its chain once this
+/// step's token is taken, while the device computes the forward. Sets
+/// `fed_ahead` on every row and returns true; does nothing otherwise
+/// (false).
 fn start_lookahead(
     model: &LoadedModel,
     seqs: &mut [Sequence<'_>],
-    members: &[(usize, usize, bool)],
     chosen: &[Chose],
     current: Option<&Rc<PendingReads>>,
     in_flight: &[(usize, Lookahead)],
     outcomes: &[RowOutcome],
 ) -> Result<bool, GenerateError> {
-    // Where each row's token comes from: (sequence index, row in `source`).
-    let (source, picks): (&Rc<PendingReads>, Vec<(usize, usize)>) = match (current, in_flight) {
-        (Some(reads), []) if chosen.len() == seqs.len() => (
-            reads,
-            chosen.iter().enumerate().map(|(r, c)| (c.seq, r)).collect(),
-        ),
-        (None, [(_, Lookahead::Row { reads, .. }), ..])
-            if members.is_empty() && in_flight.len() == seqs.len() =>
-        {
-            let mut picks = Vec::with_capacity(in_flight.len());
-            for (i, ahead) in in_flight {
-                match ahead {
-                    Lookahead::Row { reads: r, row } if Rc::ptr_eq(r, reads) => {
-                        picks.push((*i, *row))
-                    }
-                    _ => return Ok(false),
-                }
+    // Where each row's token comes from: (sequence index, source, row in
+    // that source's results).
+    let mut sources: Vec<&Rc<PendingReads>> = Vec::new();
+    let mut picks: Vec<(usize, usize, usize)> = Vec::with_capacity(seqs.len());
+    if let Some(reads) = current {
+        sources.push(reads);
+        picks.extend(chosen.iter().enumerate().map(|(r, c)| (c.seq, 0, r)));
+    }
+    for (i, ahead) in in_flight {
+        let Lookahead::Row { reads, row } = ahead else {
+            return Ok(false);
+        };
+        let source = match sources.iter().position(|s| Rc::ptr_eq(s, reads)) {
+            Some(at) => at,
+            None => {
+                sources.push(reads);
+                sources.len() - 1
             }
-            (reads, picks)
-        }
-        _ => return Ok(false),
-    };
-    let allowed = picks.iter().all(|&(i, _)| {
+        };
+        picks.push((*i, source, *row));
+    }
+    // Every running row, each once.
+    let mut rows: Vec<usize> = picks.iter().map(|&(i, _, _)| i).collect();
+    rows.sort_unstable();
+    rows.dedup();
+    if picks.is_empty() || rows.len() != picks.len() || rows.len() != seqs.len() {
+        return Ok(false);
+    }
+    let allowed = picks.iter().all(|&(i, _, _)| {
         let s = &seqs[i];
         !matches!(outcomes[i], RowOutcome::Failed(_))
-            && s.chain.history_free()
             && !s.fed_ahead
             && s.spec.is_none()
             && s.verify.is_none()
+            && s.deferred.is_none()
             && s.generated + 1 < s.max_new
     });
     if !allowed {
         return Ok(false);
     }
     let vocab = model.model.config().vocab_size;
+    // The forward's rows go source by source, each source's rows in order.
+    picks.sort_unstable_by_key(|&(_, source, row)| (source, row));
+    let mut parts: Vec<Array> = Vec::with_capacity(sources.len());
+    for (s, source) in sources.iter().enumerate() {
+        let at: Vec<i32> = picks
+            .iter()
+            .filter(|p| p.1 == s)
+            .map(|p| p.2 as i32)
+            .collect();
+        let whole = at.iter().enumerate().all(|(k, &r)| k as i32 == r)
+            && at.len() == source.tokens.shape()[0] as usize;
+        parts.push(if whole {
+            source.tokens.clone()
+        } else {
+            source
+                .tokens
+                .take_axis(Array::from_slice(&at, &[at.len() as i32]), 0)?
+        });
+    }
+    let ids = match parts.len() {
+        1 => parts.swap_remove(0),
+        _ => ops::concatenate(&parts, 0)?,
+    };
     // This step's tokens as the next forward's ids, clamped into the
     // vocabulary: a bad id fails its row when read, and must not index
     // outside the embedding meanwhile.
-    let rows_in_order = picks.iter().enumerate().all(|(k, &(_, r))| k == r)
-        && picks.len() == source.tokens.shape()[0] as usize;
-    let ids = if rows_in_order {
-        source.tokens.clone()
-    } else {
-        let at: Vec<i32> = picks.iter().map(|&(_, r)| r as i32).collect();
-        source
-            .tokens
-            .take_axis(Array::from_slice(&at, &[at.len() as i32]), 0)?
-    };
     let ids = ops::minimum(
         &ids,
         Array::from_int((vocab - 1) as i32).as_dtype(Dtype::Uint32)?,
@@ -491,7 +520,7 @@ fn start_lookahead(
         // Rows go to the forward in `picks` order (the ids' order).
         let mut by_index: Vec<Option<&mut Sequence<'_>>> = seqs.iter_mut().map(Some).collect();
         let mut rows: Vec<RowInput<'_>> = Vec::with_capacity(picks.len());
-        for &(i, _) in &picks {
+        for &(i, _, _) in &picks {
             let Some(seq) = by_index[i].take() else {
                 return Ok(false);
             };
@@ -506,10 +535,17 @@ fn start_lookahead(
     };
     let mut next: Vec<Chose> = Vec::with_capacity(picks.len());
     let mut failed: Vec<(usize, GenerateError)> = Vec::new();
-    for (&(i, _), row_logits) in picks.iter().zip(&logits) {
+    // Logits whose chains wait for the next call: evaluated now all the same.
+    let mut waiting: Vec<Array> = Vec::new();
+    for (&(i, _, _), row_logits) in picks.iter().zip(&logits) {
         let seq = &mut seqs[i];
         seq.fed_ahead = true;
         let raw = row_logits.index(0);
+        if !seq.chain.history_free() {
+            waiting.push(raw.clone());
+            seq.deferred = Some(raw);
+            continue;
+        }
         // The token being read now is number `generated`; this one follows.
         match choose(seq, raw.clone(), vocab, seq.generated as u32 + 1) {
             Ok((token, sampled)) => next.push(Chose {
@@ -521,11 +557,16 @@ fn start_lookahead(
             Err(e) => failed.push((i, e)),
         }
     }
-    if !next.is_empty() {
-        let reads = Rc::new(build_reads(&next, seqs)?);
-        let mut arrays = reads.arrays();
-        arrays.extend(picks.iter().flat_map(|&(i, _)| seqs[i].cache.arrays()));
-        async_eval(arrays)?;
+    let reads = if next.is_empty() {
+        None
+    } else {
+        Some(Rc::new(build_reads(&next, seqs)?))
+    };
+    let mut arrays: Vec<&Array> = reads.as_ref().map(|r| r.arrays()).unwrap_or_default();
+    arrays.extend(waiting.iter());
+    arrays.extend(picks.iter().flat_map(|&(i, _, _)| seqs[i].cache.arrays()));
+    async_eval(arrays)?;
+    if let Some(reads) = reads {
         for (row, c) in next.iter().enumerate() {
             seqs[c.seq].lookahead = Some(Lookahead::Row {
                 reads: reads.clone(),
