@@ -46,13 +46,15 @@ def body(i, constrained):
 
 
 def step_stats(url, batch):
-    """(steps, total step ms, total plugin ms) the engine ran at `batch` rows so far."""
+    """(steps, total step ms, total plugin ms, steps with decode lookahead) the engine ran at
+    `batch` rows so far."""
     with urllib.request.urlopen(url + "/stats") as r:
         sizes = json.load(r)["batch"]["by_batch_size"]
     for s in sizes:
         if s["rows"] == batch:
-            return s["steps"], s["step_ms"] * s["steps"], s["plugin_ms"] * s["steps"]
-    return 0, 0.0, 0.0
+            return (s["steps"], s["step_ms"] * s["steps"], s["plugin_ms"] * s["steps"],
+                    s.get("lookahead_steps", 0))
+    return 0, 0.0, 0.0, 0
 
 
 def round_(url, batch, constrained, first_id):
@@ -78,23 +80,24 @@ def main():
     round_(url, 1, True, 10**6)  # warm: builds the plugin's engine once
     for batch in BATCHES:
         times = {True: [], False: []}
-        engine = {True: [0, 0.0, 0.0], False: [0, 0.0, 0.0]}
+        engine = {True: [0, 0.0, 0.0, 0], False: [0, 0.0, 0.0, 0]}
         for _ in range(ROUNDS):
             for constrained in (True, False):
                 before = step_stats(url, batch)
                 times[constrained] += round_(url, batch, constrained, n)
                 after = step_stats(url, batch)
-                for i in range(3):
+                for i in range(4):
                     engine[constrained][i] += after[i] - before[i]
                 n += batch
         med = {k: statistics.median(v) for k, v in times.items()}
         step = {k: e[1] / max(e[0], 1) for k, e in engine.items()}
         for k in (True, False):
-            steps, total, plugin = engine[k]
+            steps, total, plugin, ahead = engine[k]
             print(json.dumps({"batch": batch, "constrained": k, "requests": len(times[k]),
                               "ms_per_token_median": round(med[k], 3),
                               "engine_steps": steps, "engine_step_ms_mean": round(step[k], 3),
-                              "engine_plugin_ms_mean": round(plugin / max(steps, 1), 3)}))
+                              "engine_plugin_ms_mean": round(plugin / max(steps, 1), 3),
+                              "engine_lookahead_steps": ahead}))
         print(json.dumps({"batch": batch,
                           "ratio_constrained_over_free": round(med[True] / med[False], 3),
                           "engine_step_ratio": round(step[True] / step[False], 3)}))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quantized KV cache on an NVIDIA GPU (issue 41), for the lead's device run. Same model directory,
 # same run: `mlxhost bench` at CONTEXTS (default 16384 32768) and BATCHES (1 8) with the float cache
-# and --kv-bits 8 and 4 (group size 64), and mlx-lm 0.32.2's own quantized KV beside it
+# and --kv-bits 8 and 4 (group size 64), each with decode lookahead (BENCH_ARGS, default
+# --lookahead: what `serve` does on a GPU for models of 1 GiB or more), and mlx-lm 0.32.2's own quantized KV beside it
 # (`mlx_lm.generate --kv-bits`, --quantized-kv-start 0, batch 1: a prompt of the same length, its
 # generation tok/s). Prints JSON lines only: mlxhost's bench lines (decode_ms_per_token, kv,
 # kv_bytes_per_token, batch, prompt_tokens) and `{"engine": "mlx-lm", "kv": ..., "context": ...,
@@ -16,9 +17,11 @@ CONTEXTS="${CONTEXTS:-16384 32768}"; BATCHES="${BATCHES:-1 8}"; DECODE_TOKENS="$
 for ctx in $CONTEXTS; do
   for batch in $BATCHES; do
     for kv in "" "--kv-bits 8" "--kv-bits 4"; do
+      # --context: the rows' caches hold ctx positions of random keys and values (quantized as
+      # written under --kv-bits), so the run pays for no 16-32k-token prefill per row.
       # shellcheck disable=SC2086
-      "$BIN" bench --model "$DIR" --prompt-tokens "$ctx" --decode-tokens "$DECODE_TOKENS" \
-        --repeats 1 --batch "$batch" $kv 2>/dev/null | grep '^{' \
+      "$BIN" bench --model "$DIR" --context "$ctx" --prompt-tokens 32 --decode-tokens "$DECODE_TOKENS" \
+        --repeats 1 --batch "$batch" $kv ${BENCH_ARGS---lookahead} 2>/dev/null | grep '^{' \
         || echo "{\"engine\": \"mlxhost\", \"context\": $ctx, \"batch\": $batch, \"kv\": \"${kv:-float}\", \"error\": \"bench failed\"}"
     done
   done

@@ -8,10 +8,10 @@
 # Parts (PARTS, in order; default: all of them):
 #   8b          Qwen3-8B shape, batch-1 step: mlxhost (its mat-vec kernel), MLXHOST_QMV=off,
 #               --lookahead, mlx_lm.benchmark                                 (issue 35)
-#   moe         Qwen3-30B-A3B shape, batch-1 step: mlxhost, mlx_lm.benchmark  (issue 37)
+#   moe         Qwen3-30B-A3B shape, batch-1 step: mlxhost, --lookahead, mlx_lm.benchmark (37)
 #   gpt-oss     gpt-oss-20b shape (MXFP4 experts), the same                   (issue 37)
 #   32b         Qwen2.5-32B shape, batch-1 step: mlxhost, --lookahead, mlx-lm (issue 35)
-#   hybrid      Qwen3.5-9B shape, batch-1 step: mlxhost, mlx-lm               (issue 38)
+#   hybrid      Qwen3.5-9B shape, batch-1 step: mlxhost, --lookahead, mlx-lm  (issue 38)
 #   8b-batch    Qwen3-8B shape, batch-8 step: mlxhost, mlx-lm                 (issue 35)
 #   8b-memory   Qwen3-8B shape, `real_shapes.sh memory`: memory after warm-up, first-50 TTFT
 #   structured  Qwen3-8B shape, `real_shapes.sh structured`: constrained vs free step, b 1/8/16 (39)
@@ -62,13 +62,13 @@ part() {
 for p in ${PARTS:-8b moe gpt-oss 32b hybrid 8b-batch 8b-memory structured 8b-kv 8b-http 8b-two}; do
   case "$p" in
     8b) part 8b 300 qwen3-8b step BATCHES=1 VARIANTS="qmv off lookahead mlx-lm" ;;
-    moe) part moe 300 qwen3-30b-a3b step BATCHES=1 VARIANTS="qmv mlx-lm" ;;
-    gpt-oss) part gpt-oss 300 gpt-oss-20b step BATCHES=1 VARIANTS="qmv mlx-lm" ;;
+    moe) part moe 300 qwen3-30b-a3b step BATCHES=1 VARIANTS="qmv lookahead mlx-lm" ;;
+    gpt-oss) part gpt-oss 300 gpt-oss-20b step BATCHES=1 VARIANTS="qmv lookahead mlx-lm" ;;
     32b) part 32b 420 qwen2.5-32b step BATCHES=1 VARIANTS="qmv lookahead mlx-lm" ;;
-    hybrid) part hybrid 300 qwen3.5-9b step BATCHES=1 VARIANTS="qmv mlx-lm" ;;
+    hybrid) part hybrid 300 qwen3.5-9b step BATCHES=1 VARIANTS="qmv lookahead mlx-lm" ;;
     8b-batch) part 8b-batch 240 qwen3-8b step BATCHES=8 VARIANTS="qmv mlx-lm" ;;
     8b-memory) part 8b-memory 300 qwen3-8b memory ;;
-    structured) part structured 240 qwen3-8b structured ;;
+    structured) part structured 330 qwen3-8b structured ;;
     8b-kv) part 8b-kv 420 qwen3-8b kv ;;
     8b-http) part 8b-http 300 qwen3-8b http ;;
     8b-two) part 8b-two 300 qwen3-8b two ;;
