@@ -236,34 +236,32 @@ __attribute__((target("avx512f"))) void block_weighted_sum(
   }
 }
 
-// For heads [h0, h0 + HB) of a KV head's query group:
-// acc[h][slot] += sum_i w[h][g][i] cf[i][slot] over the 64 slots from
-// 16 * d0, all in group g (group sizes a multiple of 64), over the block's
-// cnt rows. Each row's four code vectors are loaded once for all HB heads
-// and each head's weight broadcast once per row: with GQA (Qwen2.5-0.5B: 7
-// query heads per KV head) the per-head loop loaded every code vector 7
-// times and broadcast every weight 4 times, two loads per FMA. Up to 6
-// heads: 24 accumulators, 4 code vectors and a weight in 32 registers. The
-// same sums in the same order as block_weighted_sum.
+// For HB query heads of one KV head:
+// acc[h * dim + c] += sum_i w[h * head_stride + i] * rows[i * row_stride + c]
+// for the 64 columns c in [0, 64) (four vectors), over cnt rows. Each row's
+// four vectors are loaded once for all HB heads and each head's weight
+// broadcast once per row: with GQA (Qwen2.5-0.5B: 7 query heads per KV
+// head) a per-head loop loads every value vector 7 times. Up to 6 heads: 24
+// accumulators, 4 row vectors and a weight in 32 registers. Each sum runs
+// over the rows in order, as a per-head loop's would.
 template <int HB>
-__attribute__((target("avx512f"), always_inline)) inline void weighted_span_heads(
+__attribute__((target("avx512f"), always_inline)) inline void weighted_rows_heads(
     const float* w,
-    int groups,
-    const float* cf,
+    size_t head_stride,
+    const float* rows,
+    size_t row_stride,
     int cnt,
     int dim,
-    int g,
-    int d0,
     float* acc) {
   const float* wh[HB];
   __m512 r[HB][4];
   for (int h = 0; h < HB; h++) {
-    wh[h] = w + (size_t(h) * groups + g) * kBlock;
+    wh[h] = w + h * head_stride;
     for (int u = 0; u < 4; u++)
-      r[h][u] = _mm512_loadu_ps(acc + size_t(h) * dim + 16 * (d0 + u));
+      r[h][u] = _mm512_loadu_ps(acc + size_t(h) * dim + 16 * u);
   }
   for (int i = 0; i < cnt; i++) {
-    const float* row = cf + size_t(i) * dim + 16 * d0;
+    const float* row = rows + i * row_stride;
     const __m512 c0 = _mm512_loadu_ps(row), c1 = _mm512_loadu_ps(row + 16),
                  c2 = _mm512_loadu_ps(row + 32), c3 = _mm512_loadu_ps(row + 48);
     for (int h = 0; h < HB; h++) {
@@ -276,44 +274,42 @@ __attribute__((target("avx512f"), always_inline)) inline void weighted_span_head
   }
   for (int h = 0; h < HB; h++)
     for (int u = 0; u < 4; u++)
-      _mm512_storeu_ps(acc + size_t(h) * dim + 16 * (d0 + u), r[h][u]);
+      _mm512_storeu_ps(acc + size_t(h) * dim + 16 * u, r[h][u]);
 }
 
-// Every head's weighted sum over the block (w: [H][G][kBlock], acc: [H][D]),
-// heads six at a time through weighted_span_heads; lay.group % 64 == 0.
-__attribute__((target("avx512f"))) void block_weighted_sum_heads(
+// weighted_rows_heads over `heads` heads, six at a time, for the 64
+// columns at rows (and acc): acc[h][c] += sum_i w[h][i] rows[i][c].
+__attribute__((target("avx512f"))) void weighted_span_all_heads(
     const float* w,
-    const float* cf,
+    size_t head_stride,
+    const float* rows,
+    size_t row_stride,
     int cnt,
-    const Layout& lay,
+    int dim,
     int heads,
     float* acc) {
-  const int dv = lay.dim / 16, G = lay.groups, D = lay.dim;
-  for (int d0 = 0; d0 < dv; d0 += 4) {
-    const int g = 16 * d0 / lay.group;
-    for (int h0 = 0; h0 < heads; h0 += 6) {
-      const float* wp = w + size_t(h0) * G * kBlock;
-      float* ap = acc + size_t(h0) * D;
-      switch (std::min(6, heads - h0)) {
-        case 6:
-          weighted_span_heads<6>(wp, G, cf, cnt, D, g, d0, ap);
-          break;
-        case 5:
-          weighted_span_heads<5>(wp, G, cf, cnt, D, g, d0, ap);
-          break;
-        case 4:
-          weighted_span_heads<4>(wp, G, cf, cnt, D, g, d0, ap);
-          break;
-        case 3:
-          weighted_span_heads<3>(wp, G, cf, cnt, D, g, d0, ap);
-          break;
-        case 2:
-          weighted_span_heads<2>(wp, G, cf, cnt, D, g, d0, ap);
-          break;
-        default:
-          weighted_span_heads<1>(wp, G, cf, cnt, D, g, d0, ap);
-          break;
-      }
+  for (int h0 = 0; h0 < heads; h0 += 6) {
+    const float* wp = w + size_t(h0) * head_stride;
+    float* ap = acc + size_t(h0) * dim;
+    switch (std::min(6, heads - h0)) {
+      case 6:
+        weighted_rows_heads<6>(wp, head_stride, rows, row_stride, cnt, dim, ap);
+        break;
+      case 5:
+        weighted_rows_heads<5>(wp, head_stride, rows, row_stride, cnt, dim, ap);
+        break;
+      case 4:
+        weighted_rows_heads<4>(wp, head_stride, rows, row_stride, cnt, dim, ap);
+        break;
+      case 3:
+        weighted_rows_heads<3>(wp, head_stride, rows, row_stride, cnt, dim, ap);
+        break;
+      case 2:
+        weighted_rows_heads<2>(wp, head_stride, rows, row_stride, cnt, dim, ap);
+        break;
+      default:
+        weighted_rows_heads<1>(wp, head_stride, rows, row_stride, cnt, dim, ap);
+        break;
     }
   }
 }
@@ -398,7 +394,12 @@ __attribute__((target("avx512f"))) void chunk_avx512(
       }
     }
     if (lay.group % 64 == 0) {
-      block_weighted_sum_heads(w.data(), cf.data(), cnt, lay, H, acc);
+      // Code order keeps each 64 slots within one group (group % 64 == 0):
+      // columns [64c, 64c + 64) take group 64c / group's weights.
+      for (int c0 = 0; c0 < D; c0 += 64)
+        weighted_span_all_heads(
+            w.data() + size_t(c0 / lay.group) * kBlock, size_t(G) * kBlock, cf.data() + c0, size_t(D), cnt, D, H,
+            acc + c0);
     } else {
       for (int h = 0; h < H; h++)
         block_weighted_sum(w.data() + size_t(h) * G * kBlock, cf.data(), cnt, lay, acc + size_t(h) * D);
@@ -597,6 +598,17 @@ __attribute__((target("avx512f"))) void float_chunk_avx512(
     for (int i = 0; i < n; i++)
       sc[i] *= job.scale;
     std::tie(m[h], l[h]) = softmax_numerators_avx512(sc, n);
+  }
+  if (dim % 64 == 0) {
+    // Every head of the group at once, each value row loaded once.
+    std::fill(acc, acc + size_t(job.heads) * dim, 0.0f);
+    for (int c0 = 0; c0 < dim; c0 += 64)
+      weighted_span_all_heads(
+          scores.data(), size_t(n), job.values + size_t(j0) * dim + c0, size_t(dim), n, dim, job.heads, acc + c0);
+    return;
+  }
+  for (int h = 0; h < job.heads; h++) {
+    const float* sc = scores.data() + size_t(h) * n;
     float* a = acc + size_t(h) * dim;
     for (int d0 = 0; d0 < dv; d0 += 4) {
       const int width = std::min(4, dv - d0);
