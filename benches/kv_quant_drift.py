@@ -42,8 +42,11 @@ inp.close()
 
 
 def score(extra):
-    out = subprocess.run([args.bin, "score", "--model", args.model, "--input", inp.name, "--top-logprobs", "5"] + extra,
-                         check=True, capture_output=True, text=True).stdout
+    run = subprocess.run([args.bin, "score", "--model", args.model, "--input", inp.name, "--top-logprobs", "5"] + extra,
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.exit(f"mlxhost score {' '.join(extra)} failed ({run.returncode}): {run.stderr.strip()[-2000:]}")
+    out = run.stdout
     return [json.loads(l)["steps"] for l in out.splitlines() if l.startswith("{")]
 
 

@@ -156,26 +156,29 @@ fn gemma3_4bit_greedy_equals_float_up_to_a_near_tie() {
 
 /// Three rows of different lengths decoding together (the quantized CPU
 /// decode op over several rows, prompt chunks beside decode rows) equal
-/// each row alone.
+/// each row alone: SmolLM2 (the fused decode layer) and Gemma 3 (its full
+/// layers through the batched decode op, its sliding layers float).
 #[test]
 fn quantized_rows_batched_equal_rows_alone() {
-    let f = load("smollm2-135m", q(8));
-    let prompts: Vec<Vec<u32>> = ["", "A second, longer question follows here.", "Third."]
-        .iter()
-        .map(|e| prompt(&f, e))
-        .collect();
-    let together = generate(&f, &prompts, 16, 3, None);
-    for (i, p) in prompts.iter().enumerate() {
-        let alone = generate(&f, std::slice::from_ref(p), 16, 1, None)
-            .remove(0)
-            .0;
-        assert_same_within(
-            &format!("row {i}"),
-            &together[i].0,
-            &alone,
-            SAME_SCHEME_TOL,
-            NEAR_TIE,
-        );
+    for name in ["smollm2-135m", "gemma3-270m"] {
+        let f = load(name, q(8));
+        let prompts: Vec<Vec<u32>> = ["", "A second, longer question follows here.", "Third."]
+            .iter()
+            .map(|e| prompt(&f, e))
+            .collect();
+        let together = generate(&f, &prompts, 16, 3, None);
+        for (i, p) in prompts.iter().enumerate() {
+            let alone = generate(&f, std::slice::from_ref(p), 16, 1, None)
+                .remove(0)
+                .0;
+            assert_same_within(
+                &format!("{name} row {i}"),
+                &together[i].0,
+                &alone,
+                SAME_SCHEME_TOL,
+                NEAR_TIE,
+            );
+        }
     }
 }
 

@@ -250,11 +250,24 @@ pub fn attend_rows(
     scale: f32,
     sinks: Option<&Array>,
 ) -> Result<Array> {
+    // One-token rows over a quantized full layer on the CPU: our batched
+    // decode op reads the packed rows (MLX's quantized_matmul, the per-row
+    // path below, ran Gemma 3's 16k decode 2.6x slower than its float cache).
+    let decoded = match kv {
+        Some((k, v)) if kind == LayerKind::Full && sinks.is_none() => {
+            quantized_decode_rows(l, q, k, v, rows, lens, scale)?
+        }
+        _ => None,
+    };
     let mut outs = Vec::with_capacity(rows.len());
     let mut start = 0i32;
+    let mut decoded_row = 0i32;
     for (row, &t) in rows.iter_mut().zip(lens) {
         let t = t as i32;
-        if t > 0 {
+        if let (Some(out), 1) = (&decoded, t) {
+            outs.push(out.index(decoded_row..decoded_row + 1).reshape(&[1, nh * d])?);
+            decoded_row += 1;
+        } else if t > 0 {
             let part = |a: &Array, heads: i32| row_heads(a, start, t, heads, d);
             let row_kv = match kv {
                 Some((k, v)) => Some((part(k, nkv)?, part(v, nkv)?)),
@@ -277,6 +290,71 @@ pub fn attend_rows(
         return Ok(outs.remove(0));
     }
     Ok(ops::concatenate(&outs, 0)?)
+}
+
+/// The rows that feed one token, at a full layer whose cache is quantized
+/// (`--kv-bits`), through the batched decode op on the CPU
+/// ([`super::decode_attention::decode_attention_quantized`]): `q: [N,
+/// n_heads, 1, D]`, `k`/`v: [N, n_kv, 1, D]` packed as [`attend_rows`]
+/// takes them. Writes those rows' new keys and values and returns their
+/// outputs `[R, n_heads, 1, D]` in row order; `None` (nothing done) where
+/// the op does not run (a GPU backend, float caches, no one-token row).
+fn quantized_decode_rows(
+    l: usize,
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    rows: &mut [RowInput<'_>],
+    lens: &[usize],
+    scale: f32,
+) -> Result<Option<Array>> {
+    if !super::decode_attention::enabled() {
+        return Ok(None);
+    }
+    // Every row of a model shares its cache scheme.
+    let Some(quant) = rows
+        .iter()
+        .zip(lens)
+        .find(|(_, &t)| t == 1)
+        .and_then(|(r, _)| r.cache.layer_quant(l))
+    else {
+        return Ok(None);
+    };
+    let mut index = Vec::new();
+    let mut start = 0i32;
+    for &t in lens {
+        if t == 1 {
+            index.push(start);
+        }
+        start += t as i32;
+    }
+    let pick = |a: &Array| -> Result<Array> {
+        if index.len() == lens.len() {
+            return Ok(a.clone());
+        }
+        Ok(a.take_axis(Array::from_slice(&index, &[index.len() as i32]), 0)?)
+    };
+    let (qd, kd, vd) = (pick(q)?, pick(k)?, pick(v)?);
+    let like = kd.index(0..1);
+    let mut caches = Vec::with_capacity(index.len());
+    let mut positions = Vec::with_capacity(index.len());
+    for (row, _) in rows.iter_mut().zip(lens).filter(|(_, &t)| t == 1) {
+        let pos = row.cache.offset();
+        caches.push(row.cache.take_layer(l, pos + 1, &like)?);
+        positions.push(pos as i32);
+    }
+    let (out, updated) = super::decode_attention::decode_attention_quantized(
+        &quant, &qd, &kd, &vd, caches, &positions, scale,
+    )?;
+    for ((row, _), (kb, vb)) in rows
+        .iter_mut()
+        .zip(lens)
+        .filter(|(_, &t)| t == 1)
+        .zip(updated)
+    {
+        row.cache.put_layer(l, kb, vb);
+    }
+    Ok(Some(out))
 }
 
 /// SDPA of `q: [1, n_heads, T, D]` (positions `offset..offset + T`) over
