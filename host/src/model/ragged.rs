@@ -265,7 +265,10 @@ pub fn attend_rows(
     for (row, &t) in rows.iter_mut().zip(lens) {
         let t = t as i32;
         if let (Some(out), 1) = (&decoded, t) {
-            outs.push(out.index(decoded_row..decoded_row + 1).reshape(&[1, nh * d])?);
+            outs.push(
+                out.index(decoded_row..decoded_row + 1)
+                    .reshape(&[1, nh * d])?,
+            );
             decoded_row += 1;
         } else if t > 0 {
             let part = |a: &Array, heads: i32| row_heads(a, start, t, heads, d);
