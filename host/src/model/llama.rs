@@ -699,7 +699,7 @@ impl Llama {
     ) -> Result<Array> {
         let c = &self.config;
         let d = c.head_dim() as i32;
-        let pick = decode_rows_picker(lens);
+        let pick = ragged::decode_rows_picker(lens);
         let out = step.attend(l, &pick(q)?, &pick(k)?, &pick(v)?, 1.0 / (d as f32).sqrt())?;
         let rows = out.shape()[0];
         Ok(out.reshape(&[rows, c.num_attention_heads as i32 * d])?)
@@ -719,47 +719,14 @@ impl Llama {
     ) -> Result<Option<Array>> {
         let c = &self.config;
         let d = c.head_dim() as i32;
-        let count = lens.iter().filter(|&&t| t == 1).count();
-        if count == 0 {
-            return Ok(None);
-        }
-        let pick = decode_rows_picker(lens);
-        let (qd, kd, vd) = (pick(q)?, pick(k)?, pick(v)?);
-        let like = kd.index(0..1);
-        let mut caches = Vec::with_capacity(count);
-        let mut positions = Vec::with_capacity(count);
-        for (row, _) in rows.iter_mut().zip(lens).filter(|(_, &t)| t == 1) {
-            let pos = row.cache.offset();
-            caches.push(row.cache.take_layer(l, pos + 1, &like)?);
-            positions.push(pos as i32);
-        }
         let scale = 1.0 / (d as f32).sqrt();
-        // Every row of a model shares its cache scheme (`--kv-bits`).
-        let quant = rows
-            .iter()
-            .zip(lens)
-            .find(|(_, &t)| t == 1)
-            .and_then(|(r, _)| r.cache.layer_quant(l));
-        let (out, updated) = match &quant {
-            Some(quant) => super::decode_attention::decode_attention_quantized(
-                quant, &qd, &kd, &vd, caches, &positions, scale,
-            )?,
-            None => {
-                super::decode_attention::decode_attention(&qd, &kd, &vd, caches, &positions, scale)?
-            }
+        let Some(out) = ragged::decode_rows_op(l, q, k, v, rows, lens, scale, false)? else {
+            return Ok(None);
         };
-        for ((row, _), (kb, vb)) in rows
-            .iter_mut()
-            .zip(lens)
-            .filter(|(_, &t)| t == 1)
-            .zip(updated)
-        {
-            row.cache.put_layer(l, kb, vb);
-        }
-        Ok(Some(out.reshape(&[
-            count as i32,
-            c.num_attention_heads as i32 * d,
-        ])?))
+        let count = out.shape()[0];
+        Ok(Some(
+            out.reshape(&[count, c.num_attention_heads as i32 * d])?,
+        ))
     }
 
     /// Prepares the fused decode op ([`super::decode_layer`]) when it is
@@ -822,23 +789,4 @@ fn add_rms_norm(h: &Array, y: &Array, w: &Array, eps: f32, fused: bool) -> Resul
     let sum = ops::add(h, y)?;
     let normed = fast::rms_norm(&sum, Some(w), eps)?;
     Ok((sum, normed))
-}
-
-/// Picks, out of a packed `[N, ...]` tensor, the tokens of the rows that
-/// feed one token (`lens[r] == 1`), in row order (all of it when every row
-/// does).
-fn decode_rows_picker(lens: &[usize]) -> impl Fn(&Array) -> Result<Array> {
-    let mut index = Vec::new();
-    let mut start = 0i32;
-    for &t in lens {
-        if t == 1 {
-            index.push(start);
-        }
-        start += t as i32;
-    }
-    let idx = (index.len() != lens.len()).then(|| Array::from_slice(&index, &[index.len() as i32]));
-    move |a: &Array| match &idx {
-        None => Ok(a.clone()),
-        Some(idx) => Ok(a.take_axis(idx, 0)?),
-    }
 }

@@ -254,8 +254,10 @@ pub fn attend_rows(
     // decode op reads the packed rows (MLX's quantized_matmul, the per-row
     // path below, ran Gemma 3's 16k decode 2.6x slower than its float cache).
     let decoded = match kv {
-        Some((k, v)) if kind == LayerKind::Full && sinks.is_none() => {
-            quantized_decode_rows(l, q, k, v, rows, lens, scale)?
+        Some((k, v))
+            if kind == LayerKind::Full && sinks.is_none() && super::decode_attention::enabled() =>
+        {
+            decode_rows_op(l, q, k, v, rows, lens, scale, true)?
         }
         _ => None,
     };
@@ -295,14 +297,16 @@ pub fn attend_rows(
     Ok(ops::concatenate(&outs, 0)?)
 }
 
-/// The rows that feed one token, at a full layer whose cache is quantized
-/// (`--kv-bits`), through the batched decode op on the CPU
-/// ([`super::decode_attention::decode_attention_quantized`]): `q: [N,
-/// n_heads, 1, D]`, `k`/`v: [N, n_kv, 1, D]` packed as [`attend_rows`]
-/// takes them. Writes those rows' new keys and values and returns their
-/// outputs `[R, n_heads, 1, D]` in row order; `None` (nothing done) where
-/// the op does not run (a GPU backend, float caches, no one-token row).
-fn quantized_decode_rows(
+/// The rows that feed one token through the batched decode op on the CPU
+/// ([`super::decode_attention`]): `q: [N, n_heads, 1, D]`, `k`/`v: [N,
+/// n_kv, 1, D]` packed as [`attend_rows`] takes them. Writes those rows'
+/// new keys and values into their caches (quantized as written under
+/// `--kv-bits`) and returns their outputs `[R, n_heads, 1, D]` in row
+/// order; `None` (nothing done) when no row feeds one token, or, with
+/// `only_quantized`, when layer `l`'s cache is not quantized. The caller
+/// decides that the op runs here ([`super::decode_attention::enabled`]).
+#[allow(clippy::too_many_arguments)]
+pub fn decode_rows_op(
     l: usize,
     q: &Array,
     k: &Array,
@@ -310,45 +314,34 @@ fn quantized_decode_rows(
     rows: &mut [RowInput<'_>],
     lens: &[usize],
     scale: f32,
+    only_quantized: bool,
 ) -> Result<Option<Array>> {
-    if !super::decode_attention::enabled() {
-        return Ok(None);
-    }
-    // Every row of a model shares its cache scheme.
-    let Some(quant) = rows
-        .iter()
-        .zip(lens)
-        .find(|(_, &t)| t == 1)
-        .and_then(|(r, _)| r.cache.layer_quant(l))
-    else {
+    let Some(first) = rows.iter().zip(lens).position(|(_, &t)| t == 1) else {
         return Ok(None);
     };
-    let mut index = Vec::new();
-    let mut start = 0i32;
-    for &t in lens {
-        if t == 1 {
-            index.push(start);
-        }
-        start += t as i32;
+    // Every row of a model shares its cache scheme (`--kv-bits`).
+    let quant = rows[first].cache.layer_quant(l);
+    if only_quantized && quant.is_none() {
+        return Ok(None);
     }
-    let pick = |a: &Array| -> Result<Array> {
-        if index.len() == lens.len() {
-            return Ok(a.clone());
-        }
-        Ok(a.take_axis(Array::from_slice(&index, &[index.len() as i32]), 0)?)
-    };
+    let pick = decode_rows_picker(lens);
     let (qd, kd, vd) = (pick(q)?, pick(k)?, pick(v)?);
     let like = kd.index(0..1);
-    let mut caches = Vec::with_capacity(index.len());
-    let mut positions = Vec::with_capacity(index.len());
+    let mut caches = Vec::new();
+    let mut positions = Vec::new();
     for (row, _) in rows.iter_mut().zip(lens).filter(|(_, &t)| t == 1) {
         let pos = row.cache.offset();
         caches.push(row.cache.take_layer(l, pos + 1, &like)?);
         positions.push(pos as i32);
     }
-    let (out, updated) = super::decode_attention::decode_attention_quantized(
-        &quant, &qd, &kd, &vd, caches, &positions, scale,
-    )?;
+    let (out, updated) = match &quant {
+        Some(quant) => super::decode_attention::decode_attention_quantized(
+            quant, &qd, &kd, &vd, caches, &positions, scale,
+        )?,
+        None => {
+            super::decode_attention::decode_attention(&qd, &kd, &vd, caches, &positions, scale)?
+        }
+    };
     for ((row, _), (kb, vb)) in rows
         .iter_mut()
         .zip(lens)
@@ -358,6 +351,25 @@ fn quantized_decode_rows(
         row.cache.put_layer(l, kb, vb);
     }
     Ok(Some(out))
+}
+
+/// Picks, out of a packed `[N, ...]` tensor, the tokens of the rows that
+/// feed one token (`lens[r] == 1`), in row order (all of it when every row
+/// does).
+pub fn decode_rows_picker(lens: &[usize]) -> impl Fn(&Array) -> Result<Array> {
+    let mut index = Vec::new();
+    let mut start = 0i32;
+    for &t in lens {
+        if t == 1 {
+            index.push(start);
+        }
+        start += t as i32;
+    }
+    let idx = (index.len() != lens.len()).then(|| Array::from_slice(&index, &[index.len() as i32]));
+    move |a: &Array| match &idx {
+        None => Ok(a.clone()),
+        Some(idx) => Ok(a.take_axis(idx, 0)?),
+    }
 }
 
 /// SDPA of `q: [1, n_heads, T, D]` (positions `offset..offset + T`) over
