@@ -6,7 +6,8 @@ batch B every row of a round shares every step, so this is the step's time. Prin
 per (batch, kind) with the median, and the ratio constrained / free. Beside it, the engine's own
 step timing from `/stats` (`batch.by_batch_size`, differenced around each round): mean step time
 and the plugin share of it (the constrained rows' mask calls and their application count there),
-which a busy machine disturbs less than end-to-end times.
+which a busy machine disturbs less than end-to-end times, with the step's forward graph (building
+and launching) and its evaluation (waiting for the device, reading back) beside it.
 
 Usage: python benches/structured_output.py URL   (env: BATCHES="1 8", ROUNDS=3, MAX_TOKENS=160)
 Standard library only; the server is any `mlxhost serve` with the `grammar` plugin loaded.
@@ -46,15 +47,16 @@ def body(i, constrained):
 
 
 def step_stats(url, batch):
-    """(steps, total step ms, total plugin ms, steps with decode lookahead) the engine ran at
-    `batch` rows so far."""
+    """(steps, total step ms, total plugin ms, steps with decode lookahead, total forward graph
+    ms, total eval ms) the engine ran at `batch` rows so far."""
     with urllib.request.urlopen(url + "/stats") as r:
         sizes = json.load(r)["batch"]["by_batch_size"]
     for s in sizes:
         if s["rows"] == batch:
-            return (s["steps"], s["step_ms"] * s["steps"], s["plugin_ms"] * s["steps"],
-                    s.get("lookahead_steps", 0))
-    return 0, 0.0, 0.0, 0
+            n = s["steps"]
+            return (n, s["step_ms"] * n, s["plugin_ms"] * n, s.get("lookahead_steps", 0),
+                    s.get("forward_graph_ms", 0.0) * n, s.get("eval_ms", 0.0) * n)
+    return 0, 0.0, 0.0, 0, 0.0, 0.0
 
 
 def round_(url, batch, constrained, first_id):
@@ -80,23 +82,25 @@ def main():
     round_(url, 1, True, 10**6)  # warm: builds the plugin's engine once
     for batch in BATCHES:
         times = {True: [], False: []}
-        engine = {True: [0, 0.0, 0.0, 0], False: [0, 0.0, 0.0, 0]}
+        engine = {True: [0, 0.0, 0.0, 0, 0.0, 0.0], False: [0, 0.0, 0.0, 0, 0.0, 0.0]}
         for _ in range(ROUNDS):
             for constrained in (True, False):
                 before = step_stats(url, batch)
                 times[constrained] += round_(url, batch, constrained, n)
                 after = step_stats(url, batch)
-                for i in range(4):
+                for i in range(6):
                     engine[constrained][i] += after[i] - before[i]
                 n += batch
         med = {k: statistics.median(v) for k, v in times.items()}
         step = {k: e[1] / max(e[0], 1) for k, e in engine.items()}
         for k in (True, False):
-            steps, total, plugin, ahead = engine[k]
+            steps, total, plugin, ahead, forward, evaluate = engine[k]
             print(json.dumps({"batch": batch, "constrained": k, "requests": len(times[k]),
                               "ms_per_token_median": round(med[k], 3),
                               "engine_steps": steps, "engine_step_ms_mean": round(step[k], 3),
                               "engine_plugin_ms_mean": round(plugin / max(steps, 1), 3),
+                              "engine_forward_graph_ms_mean": round(forward / max(steps, 1), 3),
+                              "engine_eval_ms_mean": round(evaluate / max(steps, 1), 3),
                               "engine_lookahead_steps": ahead}))
         print(json.dumps({"batch": batch,
                           "ratio_constrained_over_free": round(med[True] / med[False], 3),

@@ -21,8 +21,11 @@ for ctx in $CONTEXTS; do
       # written under --kv-bits), so the run pays for no 16-32k-token prefill per row.
       # shellcheck disable=SC2086
       "$BIN" bench --model "$DIR" --context "$ctx" --prompt-tokens 32 --decode-tokens "$DECODE_TOKENS" \
-        --repeats 1 --batch "$batch" $kv ${BENCH_ARGS---lookahead} 2>/dev/null | grep '^{' \
-        || echo "{\"engine\": \"mlxhost\", \"context\": $ctx, \"batch\": $batch, \"kv\": \"${kv:-float}\", \"error\": \"bench failed\"}"
+        --repeats 1 --batch "$batch" $kv ${BENCH_ARGS---lookahead} 2>/tmp/kv_bench.err | grep '^{' \
+        || { echo "{\"engine\": \"mlxhost\", \"context\": $ctx, \"batch\": $batch, \"kv\": \"${kv:-float}\", \"error\": \"bench failed\"}"
+             grep -v '^\[INFO\]' /tmp/kv_bench.err | tail -3 >&2; }
+      # The kernels' verdicts (split-K decode attention) for the log.
+      grep -h -E "in use|disagrees|failed; using" /tmp/kv_bench.err | sed 's/^/  /' >&2
     done
   done
   if [ "${MLX_LM:-1}" = 1 ] && python3 -c "import mlx_lm" 2>/dev/null; then
@@ -30,9 +33,10 @@ for ctx in $CONTEXTS; do
     prompt=$(python3 -c "import sys; print(' '.join(['token'] * (int(sys.argv[1]) - 8)))" "$ctx")
     for bits in none 8 4; do
       args=(); [ "$bits" != none ] && args=(--kv-bits "$bits" --kv-group-size 64 --quantized-kv-start 0)
-      tps=$(echo "$prompt" | python3 benches/mlx_lm_run.py generate --model "$DIR" --prompt - \
-              --ignore-chat-template --max-tokens "$DECODE_TOKENS" "${args[@]}" 2>&1 \
-            | sed -n 's/^Generation: .*, \([0-9.]*\) tokens-per-sec.*/\1/p' | tail -1)
+      echo "$prompt" | python3 benches/mlx_lm_run.py generate --model "$DIR" --prompt - \
+        --ignore-chat-template --max-tokens "$DECODE_TOKENS" "${args[@]}" > /tmp/kv_mlx_lm.out 2>&1
+      tps=$(sed -n 's/^Generation: .*, \([0-9.]*\) tokens-per-sec.*/\1/p' /tmp/kv_mlx_lm.out | tail -1)
+      [ -z "$tps" ] && tail -3 /tmp/kv_mlx_lm.out >&2
       echo "{\"engine\": \"mlx-lm\", \"kv\": \"$bits\", \"context\": $ctx, \"batch\": 1, \"decode_tok_s\": ${tps:-null}}"
     done
   fi

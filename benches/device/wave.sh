@@ -15,6 +15,8 @@
 #   8b-batch    Qwen3-8B shape, batch-8 step: mlxhost, mlx-lm                 (issue 35)
 #   8b-memory   Qwen3-8B shape, `real_shapes.sh memory`: memory after warm-up, first-50 TTFT
 #   structured  Qwen3-8B shape, `real_shapes.sh structured`: constrained vs free step, b 1/8/16 (39)
+#   structured-off      the same at b 8/16 with `--decode-lookahead off`          (not default)
+#   structured-nodefer  the same at b 8/16 with MLXHOST_LOOKAHEAD_DEFER=off        (not default)
 #   8b-kv       Qwen3-8B shape, `real_shapes.sh kv`: 16k/32k decode, float vs 8/4-bit KV, mlx-lm (41)
 #   8b-http     Qwen3-8B shape, `real_shapes.sh http`: c=1/8/32 against mlx_lm.server        (35)
 #   8b-two      Qwen3-8B shape, `real_shapes.sh two`: two servers on one card vs one alone     (35)
@@ -69,6 +71,10 @@ for p in ${PARTS:-8b moe gpt-oss 32b hybrid 8b-batch 8b-memory structured 8b-kv 
     8b-batch) part 8b-batch 240 qwen3-8b step BATCHES=8 VARIANTS="qmv mlx-lm" ;;
     8b-memory) part 8b-memory 300 qwen3-8b memory ;;
     structured) part structured 330 qwen3-8b structured ;;
+    structured-off) part structured-off 200 qwen3-8b structured \
+      EXTRA_SERVE_ARGS="--decode-lookahead off" BATCHES="8 16" ;;
+    structured-nodefer) part structured-nodefer 200 qwen3-8b structured \
+      MLXHOST_LOOKAHEAD_DEFER=off BATCHES="8 16" ;;
     8b-kv) part 8b-kv 420 qwen3-8b kv ;;
     8b-http) part 8b-http 300 qwen3-8b http ;;
     8b-two) part 8b-two 300 qwen3-8b two ;;

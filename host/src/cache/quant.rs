@@ -192,8 +192,8 @@ pub fn quantized_sdpa(
         });
     }
     let repeats = heads / kv_heads;
-    let (kw, ks, kb) = quant.split(keys, d as usize)?;
-    let (vw, vs, vb) = quant.split(values, d as usize)?;
+    let (kw, ks, kb) = row_contiguous_on_gpu(quant.split(keys, d as usize)?)?;
+    let (vw, vs, vb) = row_contiguous_on_gpu(quant.split(values, d as usize)?)?;
     // Grouped-query heads: [1, H_kv, repeats, T, D] against [1, H_kv, 1, S, _].
     let q5 = ops::multiply(&q.as_dtype(Dtype::Float32)?, Array::from_f32(scale))?
         .reshape(&[1, kv_heads, repeats, t, d])?;
@@ -211,6 +211,20 @@ pub fn quantized_sdpa(
         bits,
     )?;
     Ok(out.reshape(&[1, heads, t, d])?.as_dtype(q.dtype())?)
+}
+
+/// The split parts as MLX's CUDA `quantized_matmul` takes them: it runs
+/// only on weights, scales and biases whose last two dimensions are
+/// row-contiguous, and [`KvQuant::split`]'s views over a packed row are
+/// strided, so on a GPU they are copied first (MLX 0.32.2 raises "No
+/// implementation for problem shape" otherwise). The CPU's product reads
+/// the views as they are.
+fn row_contiguous_on_gpu(parts: (Array, Array, Array)) -> Result<(Array, Array, Array)> {
+    if !crate::runtime::gpu_available() {
+        return Ok(parts);
+    }
+    let (w, s, b) = parts;
+    Ok((w.contiguous()?, s.contiguous()?, b.contiguous()?))
 }
 
 #[cfg(test)]

@@ -33,8 +33,8 @@ use mlx_rs::{
 };
 
 use super::kv::{fresh_copy, grow, KvCache};
-use crate::model::cuda_decode_attention;
 use crate::model::error::Result;
+use crate::model::{cuda_decode_attention, cuda_split_attention};
 
 /// Whether decode rows attend through the slab: GPU backends unless
 /// `MLXHOST_DECODE_ATTENTION=per-row`; the CPU only with
@@ -405,6 +405,16 @@ impl SlabStep<'_> {
         let values = self.write(values, v)?;
         self.state.layers[l] = (keys.clone(), values.clone());
         if self.kernel {
+            // Long rows: split-K kernels (every key read once per KV head,
+            // thousands of blocks); short ones: one block per head and row.
+            let (d, rep) = (q.shape()[3], q.shape()[1] / keys.shape()[1].max(1));
+            if self.width > 2 * cuda_split_attention::CHUNK as usize
+                && cuda_split_attention::split_available(q.dtype(), d, rep)
+            {
+                return cuda_split_attention::attend_slab(
+                    q, &keys, &values, &self.cols, self.width, scale,
+                );
+            }
             return cuda_decode_attention::attend(q, &keys, &values, &self.cols, scale);
         }
         let w = self.width as i32;

@@ -481,7 +481,11 @@ fn start_lookahead(
             && s.deferred.is_none()
             && s.generated + 1 < s.max_new
     });
-    if !allowed {
+    // `MLXHOST_LOOKAHEAD_DEFER=off`: a row whose chain needs this step's
+    // token keeps the whole batch out of the lookahead (the policy before
+    // deferred chains; for measuring one against the other).
+    let defers = picks.iter().any(|&(i, _, _)| !seqs[i].chain.history_free());
+    if !allowed || (defers && !deferring_allowed()) {
         return Ok(false);
     }
     let vocab = model.model.config().vocab_size;
@@ -578,6 +582,13 @@ fn start_lookahead(
         seqs[i].lookahead = Some(Lookahead::Failed(e));
     }
     Ok(true)
+}
+
+/// Whether a lookahead may defer a row's chain to the next call (see
+/// [`start_lookahead`]); `MLXHOST_LOOKAHEAD_DEFER=off` says no.
+fn deferring_allowed() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLXHOST_LOOKAHEAD_DEFER").as_deref() != Ok("off"))
 }
 
 /// One row's choice before evaluation.

@@ -210,8 +210,28 @@ pub fn warm_up(
         }
     }
     report.rows += hits.len();
+    warm_token_mask(model.model.config().vocab_size)
+        .map_err(|e| format!("warming the structured-output mask: {e}"))?;
     scheduler.reset_stats();
     Ok(report)
+}
+
+/// Structured output's device ops on one `[V]` float32 row of logits (what
+/// a constrained row's chain meets): the grammar's bitset gathered per id,
+/// its bit tested, the logits selected, then the greedy pick and the
+/// log-softmax of the masked row. MLX compiles their kernels at first use;
+/// without this the first constrained request after ready waited for them
+/// (an H100 step of the Qwen3-8B shape took seconds there).
+fn warm_token_mask(vocab: usize) -> mlx_rs::error::Result<()> {
+    use crate::plugin::{device_ops, token_mask};
+    let words: Vec<u32> = (0..token_mask::words_for(vocab))
+        .map(|i| if i % 3 == 0 { u32::MAX } else { 0x5555_5555 })
+        .collect();
+    let logits = mlx_rs::Array::zeros::<f32>(&[vocab as i32])?;
+    let masked = token_mask::apply_on_device(&logits, &words)?;
+    let pick = device_ops::argmax(&masked)?;
+    let logprobs = device_ops::log_softmax(&masked)?;
+    mlx_rs::transforms::eval([&pick, &logprobs])
 }
 
 /// `row`'s prompt: `base`, then the warm-up text's ids from

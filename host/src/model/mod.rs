@@ -12,6 +12,7 @@ pub mod cuda_decode_attention;
 pub mod cuda_fused;
 pub mod cuda_kernel;
 pub mod cuda_qmv;
+pub mod cuda_split_attention;
 pub mod decode_attention;
 pub mod decode_layer;
 pub mod error;

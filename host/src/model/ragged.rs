@@ -210,6 +210,19 @@ pub fn attend_row_kv(
             values,
             quant,
         } if t == 1 && sinks.is_none() => {
+            // On CUDA: our split-K kernels over the layer's whole buffers
+            // (a view of its written rows would be copied first).
+            let rep = heads / keys.shape()[1].max(1);
+            if cache.layer_start(l) == 0
+                && super::cuda_split_attention::quantized_available(quant, q.dtype(), d, rep)
+            {
+                if let Some(Some((kb, vb))) = cache.layer_buffers().get(l) {
+                    let o = super::cuda_split_attention::attend_quantized(
+                        quant, q, kb, vb, offset, scale,
+                    )?;
+                    return Ok(o.reshape(&[1, heads * d])?);
+                }
+            }
             let o = crate::cache::quant::quantized_sdpa(&quant, q, &keys, &values, scale)?;
             return Ok(o.reshape(&[1, heads * d])?);
         }
