@@ -145,6 +145,20 @@ void pack(
     bool f16,
     uint8_t* out);
 
+// The inverse of `pack`: the packed layout back to MLX's affine layout
+// (w [N, K * bits / 32] words, scales/biases [N, K / group] float32),
+// exactly (float16 scales and biases widen losslessly).
+void unpack(
+    const uint8_t* in,
+    int N,
+    int K,
+    int bits,
+    int group,
+    bool f16,
+    uint32_t* w,
+    float* scales,
+    float* biases);
+
 // Weight rows [n0, n1) of a packed weight dequantized into out
 // ([n1 - n0, K] float32).
 void dequant_packed_rows(const PackedProblem& p, int n0, int n1, float* out);

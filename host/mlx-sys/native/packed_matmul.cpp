@@ -189,6 +189,52 @@ void pack(
   }
 }
 
+void unpack(
+    const uint8_t* in,
+    int N,
+    int K,
+    int bits,
+    int group,
+    bool f16,
+    uint32_t* w,
+    float* scales,
+    float* biases) {
+  const int groups = K / group;
+  const int tiles = (N + kTile - 1) / kTile;
+  const int per_word = 32 / bits;
+  const int chunks = group / per_word;
+  const int row_words = K / per_word;
+  const size_t gbytes = group_bytes(bits, group, f16);
+  for (int t = 0; t < tiles; t++) {
+    for (int g = 0; g < groups; g++) {
+      const uint8_t* src = in + (size_t(t) * groups + g) * gbytes;
+      for (int r = 0; r < kTile; r++) {
+        const int n = t * kTile + r;
+        if (n >= N)
+          break;
+        // A chunk's word r is row r's word of MLX's layout (see `pack`).
+        for (int c = 0; c < chunks; c++)
+          std::memcpy(w + size_t(n) * row_words + size_t(g) * chunks + c,
+                      src + (size_t(c) * kTile + r) * 4, 4);
+        const uint8_t* sb = src + size_t(chunks) * kTile * 4;
+        float s, b;
+        if (f16) {
+          uint16_t hs, hb;
+          std::memcpy(&hs, sb + r * 2, 2);
+          std::memcpy(&hb, sb + kTile * 2 + r * 2, 2);
+          s = f16_bits_to_f32(hs);
+          b = f16_bits_to_f32(hb);
+        } else {
+          std::memcpy(&s, sb + r * 4, 4);
+          std::memcpy(&b, sb + kTile * 4 + r * 4, 4);
+        }
+        scales[size_t(n) * groups + g] = s;
+        biases[size_t(n) * groups + g] = b;
+      }
+    }
+  }
+}
+
 namespace {
 
 // x [M, K] rounded per weight group to integers X of 24 bits

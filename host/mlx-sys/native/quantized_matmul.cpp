@@ -1232,6 +1232,45 @@ extern "C" int mlxhost_pack_quantized(
   return 0;
 }
 
+// The inverse of `mlxhost_pack_quantized`, eagerly: a packed weight of `n`
+// rows and width `k` back to MLX's affine arrays (`w` [n, k * bits / 32]
+// uint32, `scales`/`biases` [n, k / group] float32), exactly. Returns 0, or
+// 1 with the error reported through mlx-c's error handler.
+extern "C" int mlxhost_unpack_quantized(
+    mlx_array* w,
+    mlx_array* scales,
+    mlx_array* biases,
+    const mlx_array packed,
+    int n,
+    int k,
+    int bits,
+    int group,
+    int f16) {
+  try {
+    auto pa = mlx_array_get_(packed);
+    if ((bits != 4 && bits != 8) || (group != 32 && group != 64 && group != 128) ||
+        k <= 0 || k % group != 0 || n <= 0)
+      throw std::invalid_argument("unpack: unsupported bits, group or width");
+    const size_t bytes = mlxhost_cpu::packed_bytes(n, k, bits, group, f16 != 0);
+    if (pa.dtype() != mx::uint8 || pa.ndim() != 2 || pa.shape(0) != (n + 15) / 16 ||
+        size_t(pa.shape(0)) * size_t(pa.shape(1)) != bytes)
+      throw std::invalid_argument("unpack: the packed weight does not fit its shape");
+    pa = mx::contiguous(pa, false, mx::default_stream(mx::Device::cpu));
+    mx::eval({pa});
+    std::vector<uint32_t> wv(size_t(n) * (k * bits / 32));
+    std::vector<float> sv(size_t(n) * (k / group)), bv(sv.size());
+    mlxhost_cpu::unpack(
+        pa.data<uint8_t>(), n, k, bits, group, f16 != 0, wv.data(), sv.data(), bv.data());
+    mlx_array_set_(*w, mx::array(wv.begin(), mx::Shape{n, k * bits / 32}, mx::uint32));
+    mlx_array_set_(*scales, mx::array(sv.begin(), mx::Shape{n, k / group}, mx::float32));
+    mlx_array_set_(*biases, mx::array(bv.begin(), mx::Shape{n, k / group}, mx::float32));
+  } catch (std::exception& e) {
+    mlx_error(e.what());
+    return 1;
+  }
+  return 0;
+}
+
 // Builds `y = x @ W^T` lazily from a packed weight (`mlxhost_pack_quantized`).
 // x: [..., K] float32; `out` gets [..., n] float32. `variant`: 0 the SIMD
 // kernel where the CPU has it, 1 the portable loop, 2 int8 and 3 bfloat16

@@ -193,6 +193,22 @@ extern "C" {
         group: ::std::os::raw::c_int,
     ) -> ::std::os::raw::c_int;
 
+    /// The inverse of `mlxhost_pack_quantized`, eagerly: a packed weight of
+    /// `n` rows and width `k` back to MLX's affine arrays (`w` `[n, k * bits
+    /// / 32]` uint32, `scales`/`biases` `[n, k / group]` float32), exactly.
+    /// Returns 0, or 1 after reporting through mlx-c's error handler.
+    pub fn mlxhost_unpack_quantized(
+        w: *mut mlx_array,
+        scales: *mut mlx_array,
+        biases: *mut mlx_array,
+        packed: mlx_array,
+        n: ::std::os::raw::c_int,
+        k: ::std::os::raw::c_int,
+        bits: ::std::os::raw::c_int,
+        group: ::std::os::raw::c_int,
+        f16: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int;
+
     /// Builds `out [..., k] = W[ids]` lazily: rows of a packed weight (`n`
     /// rows of width `k`) dequantized to float32; ids uint32. Returns 0, or
     /// 1 after reporting through mlx-c's error handler.

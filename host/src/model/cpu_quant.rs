@@ -107,6 +107,58 @@ pub fn pack(
     Ok((out, f16 != 0))
 }
 
+/// The inverse of [`pack`], evaluated now: a packed weight of `n` output
+/// rows and input width `k` back to MLX's affine `(weight [n, k * bits /
+/// 32] uint32, scales, biases [n, k / group] float32)`, exactly (the
+/// codes, scales and biases that were packed; `--lora-merge` keeps the
+/// rows it does not change this way).
+///
+/// Errors: an unsupported `spec` or a packed array that does not fit.
+pub fn unpack(
+    packed: &Array,
+    n: i32,
+    k: i32,
+    spec: QuantSpec,
+    f16: bool,
+) -> Result<(Array, Array, Array)> {
+    // SAFETY: as in `pack`; the three outputs are fresh handles wrapped in
+    // `Array`s, which free them.
+    let (status, w, s, b) = unsafe {
+        let (mut w, mut s, mut b) = (
+            mlx_sys::mlx_array_new(),
+            mlx_sys::mlx_array_new(),
+            mlx_sys::mlx_array_new(),
+        );
+        let status = mlx_sys::mlxhost_unpack_quantized(
+            &mut w,
+            &mut s,
+            &mut b,
+            packed.as_ptr(),
+            n,
+            k,
+            spec.bits,
+            spec.group_size,
+            i32::from(f16),
+        );
+        (
+            status,
+            Array::from_ptr(w),
+            Array::from_ptr(s),
+            Array::from_ptr(b),
+        )
+    };
+    if status != 0 {
+        return Err(Exception::custom(format!(
+            "unpack: packed {:?} is not a [{n}, {k}] weight of {} bits, group {}",
+            packed.shape(),
+            spec.bits,
+            spec.group_size
+        ))
+        .into());
+    }
+    Ok((w, s, b))
+}
+
 /// Which code computes a packed product's decode-sized rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PackedKernel {
@@ -435,7 +487,8 @@ mod tests {
     /// holds, float32 and (lossless) float16 scales, row counts 1..=16 and
     /// the prefill path (17, 70 rows: dequantized tiles into BLAS, exact),
     /// odd output widths (a partial last tile) and both kernels; the SIMD
-    /// kernel against the portable one.
+    /// kernel against the portable one; [`unpack`] gives back the packed
+    /// codes, scales and biases exactly.
     #[test]
     fn packed_matches_dequantized_product() -> Result<()> {
         mlx_rs::random::seed(12)?;
@@ -463,6 +516,18 @@ mod tests {
                         let (packed, f16) = pack(&qw, &s, &b, spec)?;
                         assert_eq!(f16, half, "{bits}-bit group {group}: float16 scales");
                         assert_eq!(packed.shape()[0], (n + 15) / 16);
+                        // `unpack` gives back exactly what was packed.
+                        let (uw, us, ub) = unpack(&packed, n, k, spec, f16)?;
+                        for (what, got, want) in [
+                            ("codes", &uw, &qw),
+                            ("scales", &us, &s),
+                            ("biases", &ub, &b),
+                        ] {
+                            assert!(
+                                got.eq_values(want)?,
+                                "{bits}-bit group {group} f16 {half} [{n}x{k}]: unpacked {what} differ"
+                            );
+                        }
                         for rows in (1..=16).chain([17, 70]) {
                             let x = mlx_rs::random::normal::<f32>(&[rows, k], None, None, None)?;
                             let want = ops::matmul(&x, dense.t())?;

@@ -185,6 +185,33 @@ impl Linear {
         })
     }
 
+    /// This linear as MLX's affine arrays ([`Linear::Quantized`], float32
+    /// scales and biases) when it is [`Linear::Packed`]: exactly the codes,
+    /// scales and biases that were packed. A clone otherwise.
+    ///
+    /// Errors: MLX errors.
+    pub fn unpacked(&self) -> Result<Linear> {
+        Ok(match self {
+            Linear::Packed {
+                packed,
+                spec,
+                out,
+                input,
+                f16,
+            } => {
+                let (weight, scales, biases) =
+                    cpu_quant::unpack(packed, *out, *input, *spec, *f16)?;
+                Linear::Quantized {
+                    weight,
+                    scales,
+                    biases,
+                    spec: *spec,
+                }
+            }
+            other => other.clone(),
+        })
+    }
+
     /// Dequantizes to a dense `[out, in]` weight in `dtype` (no-op cast for
     /// dense weights).
     pub fn to_dense(&self, dtype: Dtype) -> Result<Linear> {

@@ -3,10 +3,13 @@
 //! `LoRALinear.fuse` does: a quantized weight is dequantized (float32),
 //! the delta added, and quantized again with its own bits and group size
 //! (so merged outputs differ from unmerged ones by that rounding); dense
-//! weights keep their dtype. Every row then runs the adapter at the base
-//! model's cost, and no row can run without it.
+//! weights keep their dtype. In a fused product (q/k/v, gate/up) only the
+//! modules the adapter names are merged; the others keep their stored
+//! rows exactly, as mlx-lm leaves an unadapted module alone. Every row then
+//! runs the adapter at the base model's cost, and no row can run without
+//! it.
 
-use mlx_rs::{ops, Array, Dtype};
+use mlx_rs::{ops, ops::indexing::IndexOp, Array, Dtype};
 
 use super::{LoraAdapter, LoraError, LoraPair, Slot};
 use crate::model::decode_layer::FusedLayer;
@@ -61,22 +64,95 @@ fn delta_t(p: &LoraPair) -> Result<Array> {
 
 fn merge_projections(p: &Projections, pair: &LoraPair) -> Result<Projections> {
     let d = delta_t(pair)?;
+    // The slot's modules the adapter adapts, by their first output column.
+    let adapted = |start: i32| {
+        pair.packed
+            .parts
+            .iter()
+            .any(|part| part.out_offset == start)
+    };
+    let spans = |widths: &[i32]| -> Vec<(i32, i32, bool)> {
+        let mut start = 0;
+        widths
+            .iter()
+            .map(|&w| {
+                let span = (start, w, adapted(start));
+                start += w;
+                span
+            })
+            .collect()
+    };
     Ok(match p {
         Projections::Fused(lin, widths) => {
-            Projections::Fused(merge_linear(lin, &d)?, widths.clone())
+            Projections::Fused(merge_rows(lin, &d, &spans(widths))?, widths.clone())
         }
         Projections::Separate(parts) => {
+            let widths: Vec<i32> = parts.iter().map(Linear::out_features).collect();
             let mut out = Vec::with_capacity(parts.len());
-            let mut start = 0;
-            for lin in parts {
-                let w = lin.out_features();
-                let rows = Array::from_iter(start..start + w, &[w]);
-                out.push(merge_linear(lin, &d.take_axis(&rows, 0)?)?);
-                start += w;
+            for (lin, (start, w, adapted)) in parts.iter().zip(spans(&widths)) {
+                out.push(if adapted {
+                    let rows = Array::from_iter(start..start + w, &[w]);
+                    merge_linear(lin, &d.take_axis(&rows, 0)?)?
+                } else {
+                    lin.clone()
+                });
             }
             Projections::Separate(out)
         }
     })
+}
+
+/// A fused product `lin` (`spans`: each module's first output row, rows,
+/// and whether the adapter adapts it) with `delta [out, in]` merged into
+/// the adapted modules' rows. A quantized weight keeps the other modules'
+/// rows exactly as stored (codes, scales and biases), as mlx-lm fuses only
+/// the modules an adapter names: quantizing already-quantized rows again
+/// does not give them back (MLX's affine grid comes from each group's
+/// min and max).
+fn merge_rows(lin: &Linear, delta: &Array, spans: &[(i32, i32, bool)]) -> Result<Linear> {
+    if spans.iter().all(|&(_, _, adapted)| adapted) {
+        return merge_linear(lin, delta);
+    }
+    let base = lin.unpacked()?;
+    let merged = merge_linear(&base, delta)?;
+    let (
+        Linear::Quantized {
+            weight,
+            scales,
+            biases,
+            spec,
+        },
+        Linear::Quantized {
+            weight: new_weight,
+            scales: new_scales,
+            biases: new_biases,
+            ..
+        },
+    ) = (&base, &merged)
+    else {
+        // Dense: the unadapted rows gained exact zeros.
+        return Ok(merged);
+    };
+    let pick = |kept: &Array, new: &Array| -> Result<Array> {
+        let rows: Vec<Array> = spans
+            .iter()
+            .map(|&(start, w, adapted)| {
+                let from = if adapted { new } else { kept };
+                from.index(start..start + w)
+            })
+            .collect();
+        Ok(ops::concatenate(&rows, 0)?)
+    };
+    let spliced = Linear::Quantized {
+        weight: pick(weight, new_weight)?,
+        scales: pick(scales, new_scales)?,
+        biases: pick(biases, new_biases)?,
+        spec: *spec,
+    };
+    match lin {
+        Linear::Packed { .. } => spliced.packed(),
+        _ => Ok(spliced),
+    }
 }
 
 /// `lin` with `delta [out, in]` added to its weight, in its own storage.
