@@ -169,7 +169,17 @@ impl SlabState {
     }
 }
 
+/// Membership changes of every slab in the process (see [`DecodeSlab::rebuilds`]).
+static REBUILDS: AtomicU64 = AtomicU64::new(0);
+
 impl DecodeSlab {
+    /// How many times a step found the slab's rows changed (joined, left or
+    /// reordered) and rebuilt it, copying every row's KV, in this process.
+    /// Steady decoding rebuilds nothing; tests check the engine keeps it so.
+    pub fn rebuilds() -> u64 {
+        REBUILDS.load(Ordering::Relaxed)
+    }
+
     /// Whether `cache` is linked to a slab other than this one (another
     /// model's); such a row must be detached before it joins this one.
     pub fn is_foreign(&self, cache: &KvCache) -> bool {
@@ -222,6 +232,7 @@ impl DecodeSlab {
                 .zip(&wanted)
                 .all(|(m, w)| matches!((m, w), (Some(m), Some(w)) if m.id == *w));
         if !steady {
+            REBUILDS.fetch_add(1, Ordering::Relaxed);
             self.rebuild(&mut s, rows, &wanted, num_layers, like, need)?;
         } else if need > s.capacity {
             widen(&mut s, need)?;

@@ -508,10 +508,23 @@ fn start_lookahead(
                 .take_axis(Array::from_slice(&at, &[at.len() as i32]), 0)?
         });
     }
-    let ids = match parts.len() {
+    let mut ids = match parts.len() {
         1 => parts.swap_remove(0),
         _ => ops::concatenate(&parts, 0)?,
     };
+    // Rows go to the forward in sequence order, whatever order their tokens
+    // were chosen in (deferred chains run fastest first, so that order
+    // changes from step to step): the decode slab keeps its slots only while
+    // the same rows come in the same order, and a new order rebuilds it,
+    // copying every row's KV (on an H100 that tripled a batch-16 step of
+    // the Qwen3-8B shape).
+    if picks.windows(2).any(|w| w[0].0 > w[1].0) {
+        let mut order: Vec<usize> = (0..picks.len()).collect();
+        order.sort_unstable_by_key(|&k| picks[k].0);
+        let at: Vec<i32> = order.iter().map(|&k| k as i32).collect();
+        ids = ids.take_axis(Array::from_slice(&at, &[at.len() as i32]), 0)?;
+        picks = order.iter().map(|&k| picks[k]).collect();
+    }
     // This step's tokens as the next forward's ids, clamped into the
     // vocabulary: a bad id fails its row when read, and must not index
     // outside the embedding meanwhile.
