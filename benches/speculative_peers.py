@@ -58,8 +58,9 @@ def mlx_lm_one(python, target, draft, text):
 def main():
     engine = sys.argv[1]
     if engine == "llama":
-        plain, drafted = sys.argv[2], sys.argv[3]
-        modes = {"none": lambda t: llama_one(plain, t), "draft model": lambda t: llama_one(drafted, t)}
+        plain_url, draft_url = sys.argv[2], sys.argv[3]
+        modes = {"none": lambda t: llama_one(plain_url, t),
+                 "draft model": lambda t: llama_one(draft_url, t)}
         name = "llama.cpp"
     else:
         python, target, draft = sys.argv[2], sys.argv[3], sys.argv[4]

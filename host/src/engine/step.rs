@@ -516,8 +516,9 @@ fn start_lookahead(
     // were chosen in (deferred chains run fastest first, so that order
     // changes from step to step): the decode slab keeps its slots only while
     // the same rows come in the same order, and a new order rebuilds it,
-    // copying every row's KV (on an H100 that tripled a batch-16 step of
-    // the Qwen3-8B shape).
+    // copying every row's KV (the likely cause of constrained batch-16
+    // steps of the Qwen3-8B shape taking 2.7x a free one on an H100;
+    // docs/benchmarks.md, fourth run).
     if picks.windows(2).any(|w| w[0].0 > w[1].0) {
         let mut order: Vec<usize> = (0..picks.len()).collect();
         order.sort_unstable_by_key(|&k| picks[k].0);
