@@ -1232,6 +1232,20 @@ extern "C" int mlxhost_pack_quantized(
   return 0;
 }
 
+// Throws unless `pa` is `mlxhost_pack_quantized`'s array for an [n, k]
+// weight of `bits` and `group` (float16 scales when `f16`); `what` names
+// the caller in the message.
+static void check_packed_weight(
+    const mx::array& pa, int n, int k, int bits, int group, int f16, const char* what) {
+  if ((bits != 4 && bits != 8) || (group != 32 && group != 64 && group != 128) || k <= 0 ||
+      k % group != 0 || n <= 0)
+    throw std::invalid_argument(std::string(what) + ": unsupported bits, group or width");
+  const size_t bytes = mlxhost_cpu::packed_bytes(n, k, bits, group, f16 != 0);
+  if (pa.dtype() != mx::uint8 || pa.ndim() != 2 || pa.shape(0) != (n + 15) / 16 ||
+      size_t(pa.shape(0)) * size_t(pa.shape(1)) != bytes)
+    throw std::invalid_argument(std::string(what) + ": the packed weight does not fit its shape");
+}
+
 // The inverse of `mlxhost_pack_quantized`, eagerly: a packed weight of `n`
 // rows and width `k` back to MLX's affine arrays (`w` [n, k * bits / 32]
 // uint32, `scales`/`biases` [n, k / group] float32), exactly. Returns 0, or
@@ -1248,13 +1262,7 @@ extern "C" int mlxhost_unpack_quantized(
     int f16) {
   try {
     auto pa = mlx_array_get_(packed);
-    if ((bits != 4 && bits != 8) || (group != 32 && group != 64 && group != 128) ||
-        k <= 0 || k % group != 0 || n <= 0)
-      throw std::invalid_argument("unpack: unsupported bits, group or width");
-    const size_t bytes = mlxhost_cpu::packed_bytes(n, k, bits, group, f16 != 0);
-    if (pa.dtype() != mx::uint8 || pa.ndim() != 2 || pa.shape(0) != (n + 15) / 16 ||
-        size_t(pa.shape(0)) * size_t(pa.shape(1)) != bytes)
-      throw std::invalid_argument("unpack: the packed weight does not fit its shape");
+    check_packed_weight(pa, n, k, bits, group, f16, "unpack");
     pa = mx::contiguous(pa, false, mx::default_stream(mx::Device::cpu));
     mx::eval({pa});
     std::vector<uint32_t> wv(size_t(n) * (k * bits / 32));
@@ -1329,13 +1337,7 @@ extern "C" int mlxhost_packed_rows(
     const auto& pa = mlx_array_get_(packed);
     if (ia.dtype() != mx::uint32)
       throw std::invalid_argument("packed rows: ids must be uint32");
-    if ((bits != 4 && bits != 8) || (group != 32 && group != 64 && group != 128) ||
-        k <= 0 || k % group != 0 || n <= 0)
-      throw std::invalid_argument("packed rows: unsupported bits, group or width");
-    const size_t bytes = mlxhost_cpu::packed_bytes(n, k, bits, group, f16 != 0);
-    if (pa.dtype() != mx::uint8 || pa.ndim() != 2 || pa.shape(0) != (n + 15) / 16 ||
-        size_t(pa.shape(0)) * size_t(pa.shape(1)) != bytes)
-      throw std::invalid_argument("packed rows: the packed weight does not fit its shape");
+    check_packed_weight(pa, n, k, bits, group, f16, "packed rows");
     auto stream = mx::default_stream(mx::Device::cpu);
     std::vector<mx::array> inputs = {
         mx::contiguous(ia, false, stream), mx::contiguous(pa, false, stream)};
