@@ -15,7 +15,8 @@
 //! `top_logprobs`, then prompt-cache hits: rows seeded from a warm-up-only
 //! cache holding the first rows' KV (an exact repeat, a prompt extending a
 //! cached one, and one sharing only part of one, which trims the cached KV
-//! and continues). The first request to hit the RAM cache after ready once
+//! and continues), and last the structured-output mask's device ops on
+//! one row of logits. The first request to hit the RAM cache after ready once
 //! waited 36.6 s on an H100 for kernels the first rows never met (issue
 //! 35). On the CPU backend nothing is compiled at run time, so two short
 //! requests suffice and start-up stays fast.
@@ -219,9 +220,12 @@ pub fn warm_up(
 /// Structured output's device ops on one `[V]` float32 row of logits (what
 /// a constrained row's chain meets): the grammar's bitset gathered per id,
 /// its bit tested, the logits selected, then the greedy pick and the
-/// log-softmax of the masked row. MLX compiles their kernels at first use;
-/// without this the first constrained request after ready waited for them
-/// (an H100 step of the Qwen3-8B shape took seconds there).
+/// log-softmax of the masked row. MLX compiles kernels at their first use,
+/// and these are ops only constrained rows meet. (In the fourth H100 run,
+/// docs/benchmarks.md, batch-1 constrained rounds of the Qwen3-8B shape
+/// averaged 245 ms a step against a 7.2 ms median, ~47 s of stalls in all,
+/// before this warm-up existed; whether these kernels were the stall is not
+/// yet measured.)
 fn warm_token_mask(vocab: usize) -> mlx_rs::error::Result<()> {
     use crate::plugin::{device_ops, token_mask};
     let words: Vec<u32> = (0..token_mask::words_for(vocab))
