@@ -364,9 +364,14 @@ pub fn attend_quantized(
 /// A self-test verdict per kernel instance, decided at its first use.
 type Verdicts = Mutex<HashMap<(Dtype, i32, i32, Option<KvQuant>), bool>>;
 
+/// A CUDA backend and not `MLXHOST_SPLIT_ATTENTION=off`; read once (the
+/// gates are asked per layer and step).
 fn switched_on() -> bool {
-    std::env::var("MLXHOST_SPLIT_ATTENTION").as_deref() != Ok("off")
-        && crate::runtime::backend_name() == "cuda"
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        std::env::var("MLXHOST_SPLIT_ATTENTION").as_deref() != Ok("off")
+            && crate::runtime::backend_name() == "cuda"
+    })
 }
 
 /// Logs and keeps the verdict for `key`, running `test` at its first use.
